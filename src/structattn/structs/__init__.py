@@ -1,0 +1,1 @@
+"""Pure dynamic programs over log-potentials (no parameters, no nn.Modules)."""
