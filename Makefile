@@ -22,9 +22,16 @@ test: setup
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
-bench: setup
-	$(PIP) install -q -c constraints.txt -e ".[bench]"
-	$(PY) benchmarks/run.py
+# Peers (torch-struct, supar, pytorch-crf) go into a separate venv: never into the test one.
+BENCH_VENV ?= .venv-bench
+
+$(BENCH_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench]"
+	touch $@
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
