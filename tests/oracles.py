@@ -65,7 +65,7 @@ def _projective(heads: tuple[int, ...]) -> bool:
 
 
 def trees(n_words: int, projective: bool, multiroot: bool) -> Iterator[tuple[int, ...]]:
-    """All dependency trees over words 1..n_words with ROOT 0, as head tuples (word m -> heads[m-1])."""
+    """All trees over words 1..n_words with ROOT 0, as head tuples (word m -> heads[m-1])."""
     choices = [[h for h in range(n_words + 1) if h != m] for m in range(1, n_words + 1)]
     for heads in itertools.product(*choices):
         if not _reaches_root(heads):

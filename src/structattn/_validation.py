@@ -44,7 +44,7 @@ def check_lengths(
 
 
 def length_mask(lengths: Tensor | None, batch: int, size: int, device: torch.device) -> Tensor:
-    """BoolTensor[B, size], True at positions ``< lengths[b]`` (all True when ``lengths`` is None)."""
+    """BoolTensor[B, size], True at positions ``< lengths[b]`` (all True if ``lengths`` is None)."""
     if lengths is None:
         return torch.ones(batch, size, dtype=torch.bool, device=device)
     return torch.arange(size, device=device) < lengths.unsqueeze(-1)

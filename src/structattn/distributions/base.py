@@ -88,7 +88,9 @@ class StructuredDistribution:
                 parts = tuple(p.repeat(repeat, *([1] * (p.dim() - 1))) for p in parts)
                 lengths = None if lengths is None else lengths.repeat(repeat)
             value = self._inside(semiring, parts, lengths)
-            grads = torch.autograd.grad(value.sum(), parts, create_graph=create_graph)
+            grads = torch.autograd.grad(
+                value.sum(), parts, create_graph=create_graph, materialize_grads=True
+            )
         return value, grads
 
     @cached_property

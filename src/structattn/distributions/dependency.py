@@ -50,7 +50,8 @@ class TreeCRFBase(StructuredDistribution):
             return torch.full((batch,), size, dtype=torch.long, device=self.arc_scores.device)
         return self.lengths
 
-    def _parts(self, arc_scores: Tensor) -> tuple[Tensor]:
+    def _parts(self, *raw: Tensor) -> tuple[Tensor]:
+        (arc_scores,) = raw
         size = arc_scores.shape[-1]
         banned = torch.zeros(size, size, dtype=torch.bool, device=arc_scores.device)
         banned[:, 0] = True  # no arc into ROOT
@@ -61,7 +62,8 @@ class TreeCRFBase(StructuredDistribution):
             arc_scores = arc_scores.masked_fill(padding, 0.0)
         return (arc_scores.masked_fill(banned, float("-inf")),)
 
-    def _to_structure(self, arc_ind: Tensor) -> Tensor:
+    def _to_structure(self, *indicators: Tensor) -> Tensor:
+        (arc_ind,) = indicators  # [B, N, N]
         heads = arc_ind.argmax(1)  # [B, N]: the head of each modifier
         return heads.masked_fill(arc_ind.sum(1) == 0, -1)
 

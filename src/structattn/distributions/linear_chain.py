@@ -74,7 +74,8 @@ class LinearChainCRF(StructuredDistribution):
         batch, n, _ = self.unary.shape
         return length_mask(self.lengths, batch, n, self.unary.device)
 
-    def _parts(self, unary: Tensor, pairwise: Tensor) -> tuple[Tensor, Tensor]:
+    def _parts(self, *raw: Tensor) -> tuple[Tensor, Tensor]:
+        unary, pairwise = raw
         batch, n, c = unary.shape
         pairwise = pairwise.expand(batch, n - 1, c, c)  # [B, N-1, C, C]
         if self.lengths is not None:
@@ -89,7 +90,8 @@ class LinearChainCRF(StructuredDistribution):
         unary, pairwise = parts
         return chain_inside(unary, pairwise, lengths, semiring)
 
-    def _to_structure(self, unary_ind: Tensor, pairwise_ind: Tensor) -> Tensor:
+    def _to_structure(self, *indicators: Tensor) -> Tensor:
+        unary_ind = indicators[0]  # [B, N, C]
         labels = unary_ind.argmax(-1)
         return labels.masked_fill(unary_ind.sum(-1) == 0, -1)
 

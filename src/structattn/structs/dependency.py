@@ -53,9 +53,7 @@ def eisner_inside(
     for w in range(1, size):
         n = size - w
         # inner[b, s] = ⊕_{s<=k<t} complete[s, k] + complete[t, k+1],  t = s + w   [B, n]
-        inner = semiring.sum(
-            _stripe(complete, n, w, 0, 0) + _stripe(complete, n, w, w, 1), dim=-1
-        )
+        inner = semiring.sum(_stripe(complete, n, w, 0, 0) + _stripe(complete, n, w, w, 1), dim=-1)
         incomplete.diagonal(-w, 1, 2).copy_(inner + arc_scores.diagonal(-w, 1, 2))  # t -> s
         incomplete.diagonal(w, 1, 2).copy_(inner + arc_scores.diagonal(w, 1, 2))  # s -> t
         # left complete[t, s] = ⊕_{s<=k<t} complete[k, s] + incomplete[t, k]
