@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+LINT   := src tests $(wildcard benchmarks/*.py)
 
 .PHONY: setup demo test lint bench clean
 
@@ -17,8 +18,8 @@ demo: setup
 	$(VENV)/bin/structattn demo
 
 test: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check $(LINT)
+	$(VENV)/bin/ruff format --check $(LINT)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
