@@ -1,0 +1,1 @@
+"""Attention layers (nn.Modules): a scorer makes potentials, a normaliser turns them into weights."""

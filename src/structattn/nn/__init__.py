@@ -1,0 +1,1 @@
+"""Encoders and cells: LSTMN, PRPN parsing/reading networks."""
