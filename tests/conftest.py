@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,5 +13,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
-def _seed() -> None:
+def _seed_and_one_thread() -> Iterator[None]:
+    """Fixed seed; one intra-op thread (tests use tiny tensors, where extra threads only add
+    synchronisation cost: about 10x slower on a busy 2-core machine)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

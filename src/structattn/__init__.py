@@ -1,18 +1,63 @@
 """structattn: structured attention for PyTorch.
 
-Inference core (exact where the papers are exact): :class:`LinearChainCRF`,
-:class:`DependencyCRF` (projective, Eisner), :class:`NonProjectiveDependencyCRF`
-(matrix-tree theorem) and :func:`mean_field_marginals` (fully connected binary CRF).
+Layers (``structattn.attention`` and ``structattn.nn``) sit on an exact inference core:
+:class:`LinearChainCRF`, :class:`DependencyCRF` (projective, Eisner),
+:class:`NonProjectiveDependencyCRF` (matrix-tree theorem), :func:`mean_field_marginals`
+(fully connected binary CRF) and the PRPN stick-breaking gates.
 """
 
-from .distributions import DependencyCRF, LinearChainCRF, StructuredDistribution
+from .attention import (
+    MeanFieldAttention,
+    MemoryCRFAttention,
+    SegmentationAttention,
+    SigmoidAttention,
+    SoftmaxAttention,
+    StructuredMultiheadAttention,
+    SyntacticAttention,
+)
+from .distributions import (
+    DependencyCRF,
+    LinearChainCRF,
+    NonProjectiveDependencyCRF,
+    StructuredDistribution,
+)
+from .nn import LSTMN, GatedSelfAttention, LSTMNCell, LSTMNDecoder, ParsingNetwork
 from .structs.mean_field import mean_field_free_energy, mean_field_marginals
+from .structs.stick_breaking import (
+    bradley_terry_distribution,
+    expected_gates,
+    gated_attention_weights,
+    split_tree,
+    stick_breaking_distribution,
+    stick_breaking_gates,
+    tree_to_brackets,
+)
 
 __all__ = [
+    "LSTMN",
     "DependencyCRF",
+    "GatedSelfAttention",
+    "LSTMNCell",
+    "LSTMNDecoder",
     "LinearChainCRF",
+    "MeanFieldAttention",
+    "MemoryCRFAttention",
+    "NonProjectiveDependencyCRF",
+    "ParsingNetwork",
+    "SegmentationAttention",
+    "SigmoidAttention",
+    "SoftmaxAttention",
     "StructuredDistribution",
+    "StructuredMultiheadAttention",
+    "SyntacticAttention",
+    "bradley_terry_distribution",
+    "expected_gates",
+    "gated_attention_weights",
     "mean_field_free_energy",
     "mean_field_marginals",
+    "split_tree",
+    "stick_breaking_distribution",
+    "stick_breaking_gates",
+    "tree_to_brackets",
 ]
 __version__ = "0.1.0"

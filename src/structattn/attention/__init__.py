@@ -1,1 +1,32 @@
-"""Attention layers (nn.Modules): a scorer makes potentials, a normaliser turns them into weights."""
+"""Attention layers (nn.Modules): a scorer makes potentials, a normaliser turns them into weights.
+
+Every layer is batch first, takes a boolean ``mask`` (True = real position) and returns a
+NamedTuple with the context vector(s) and the attention weights or marginals.
+"""
+
+from .basic import AttentionOutput, SegmentationAttention, SigmoidAttention, SoftmaxAttention
+from .mean_field import MeanFieldAttention, MeanFieldAttentionOutput
+from .memory_crf import MemoryCRFAttention, MemoryCRFOutput
+from .multihead import StructuredMultiheadAttention
+from .scorers import BilinearScorer, DotScorer, MLPScorer, Scorer, make_scorer
+from .syntactic import BiLSTMArcScorer, SyntacticAttention, SyntacticAttentionOutput
+
+__all__ = [
+    "AttentionOutput",
+    "BiLSTMArcScorer",
+    "BilinearScorer",
+    "DotScorer",
+    "MLPScorer",
+    "MeanFieldAttention",
+    "MeanFieldAttentionOutput",
+    "MemoryCRFAttention",
+    "MemoryCRFOutput",
+    "Scorer",
+    "SegmentationAttention",
+    "SigmoidAttention",
+    "SoftmaxAttention",
+    "StructuredMultiheadAttention",
+    "SyntacticAttention",
+    "SyntacticAttentionOutput",
+    "make_scorer",
+]

@@ -3,5 +3,11 @@
 from .base import StructuredDistribution
 from .dependency import DependencyCRF
 from .linear_chain import LinearChainCRF
+from .nonprojective import NonProjectiveDependencyCRF
 
-__all__ = ["DependencyCRF", "LinearChainCRF", "StructuredDistribution"]
+__all__ = [
+    "DependencyCRF",
+    "LinearChainCRF",
+    "NonProjectiveDependencyCRF",
+    "StructuredDistribution",
+]

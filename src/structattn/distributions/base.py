@@ -70,6 +70,10 @@ class StructuredDistribution:
     def _differentiable(self) -> bool:
         return torch.is_grad_enabled() and any(t.requires_grad for t in self._raw)
 
+    # Marginals are gradients taken inside the forward pass and differentiated again by the
+    # caller (double backward), which torch.compile's AOTAutograd does not support: the
+    # inference pass runs eagerly and everything around it can still be compiled.
+    @torch.compiler.disable
     def _inside_with_grad(
         self,
         semiring: type[Semiring],
@@ -81,7 +85,10 @@ class StructuredDistribution:
         ``repeat`` > 1 tiles the batch (for several samples at once): B' = repeat * B.
         """
         with torch.inference_mode(False), torch.enable_grad():
-            raw = self._raw if create_graph else tuple(_fresh_leaf(t) for t in self._raw)
+            # a raw tensor is used as is only when the grads must flow back into it
+            raw = tuple(
+                t if create_graph and t.requires_grad else _fresh_leaf(t) for t in self._raw
+            )
             parts = self._parts(*raw)
             lengths = self.lengths
             if repeat > 1:
@@ -131,7 +138,9 @@ class StructuredDistribution:
                 # 0 * -inf would be NaN: a -inf part has marginal exactly 0
                 finite = part.masked_fill(torch.isneginf(part), 0.0)
                 expected = expected + (marginal * finite).flatten(1).sum(-1)
-            entropy = logz - expected
+            # >= 0 mathematically; in float32 with |scores| ~ 1e4 the difference of two large
+            # numbers can round to a tiny negative value
+            entropy = (logz - expected).clamp_min(0.0)
         return torch.where(torch.isneginf(logz), torch.zeros_like(entropy), entropy)
 
     def sample(self, n: int = 1) -> Tensor:
@@ -148,7 +157,12 @@ class StructuredDistribution:
 
     def log_prob(self, value: Tensor) -> Tensor:
         """log p(value) = score(value) - log Z, shape [B]; ``-inf`` for an invalid structure."""
-        return self._score(value) - self.log_partition
+        score = self._score(value)
+        logz = self.log_partition
+        # an item with no valid structure (log Z = -inf) gives -inf, not -inf - -inf = NaN
+        return torch.where(
+            torch.isneginf(logz), torch.full_like(score, float("-inf")), score - logz
+        )
 
     # ---- helpers --------------------------------------------------------------------------
     @staticmethod

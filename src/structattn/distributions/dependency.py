@@ -110,8 +110,8 @@ class DependencyCRF(TreeCRFBase):
 
     Example:
         >>> tree = DependencyCRF(torch.randn(2, 6, 6), lengths=torch.tensor([6, 4]))
-        >>> tree.marginals.sum(1)[1, 1:4]
-        tensor([1.0000, 1.0000, 1.0000])
+        >>> torch.allclose(tree.marginals.sum(1)[1, 1:4], torch.ones(3))  # one head per word
+        True
     """
 
     def _inside(

@@ -1,0 +1,186 @@
+"""Attention over a memory with a pluggable scorer: softmax, sigmoid and segmentation (CRF).
+
+All three layers share one call signature::
+
+    out = layer(query, memory, mask=None, values=None)
+    out.context  # [B, Q, Dv] (or [B, Dv] for a [B, D] query)
+    out.weights  # [B, Q, N]  attention weights (0 at padding)
+    out.scores   # [B, Q, N]  the potentials theta
+
+``query`` [B, Dq] or [B, Q, Dq] (Q queries at once, e.g. all decoder steps), ``memory``
+[B, N, Dm], ``mask`` BoolTensor [B, N] (True = real position), ``values`` [B, N, Dv]
+(default: ``memory``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..distributions import LinearChainCRF
+from ._common import as_queries, check_mask, check_memory, masked_softmax, prefix_lengths
+from .scorers import Scorer, make_scorer
+
+__all__ = ["AttentionOutput", "SegmentationAttention", "SigmoidAttention", "SoftmaxAttention"]
+
+
+class AttentionOutput(NamedTuple):
+    """Context vectors, attention weights and the potentials that produced them."""
+
+    context: Tensor
+    weights: Tensor
+    scores: Tensor
+
+
+class _ScoredAttention(nn.Module):
+    """Scorer + normaliser; subclasses implement ``normalize(scores, mask)``."""
+
+    def __init__(
+        self,
+        memory_dim: int,
+        query_dim: int | None = None,
+        scorer: str | Scorer = "bilinear",
+        hidden_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.scorer = make_scorer(scorer, memory_dim, query_dim or memory_dim, hidden_dim)
+
+    def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
+        """scores [B, Q, N], mask [B, N] -> weights [B, Q, N]."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor,
+        mask: Tensor | None = None,
+        values: Tensor | None = None,
+    ) -> AttentionOutput:
+        query3, single = as_queries(query)
+        memory = check_memory(memory)
+        batch, n, _ = memory.shape
+        if query3.shape[0] != batch:
+            raise ValueError(f"`query` has batch {query3.shape[0]}, `memory` has {batch}")
+        values = memory if values is None else check_memory(values, "values")
+        if values.shape[:2] != (batch, n):
+            raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
+        mask = check_mask(mask, batch, n, memory.device)
+        scores = self.scorer(memory, query3)  # [B, Q, N]
+        weights = self.normalize(scores, mask)  # [B, Q, N]
+        context = self.contextualize(weights, values)  # [B, Q, Dv]
+        if single:
+            return AttentionOutput(context[:, 0], weights[:, 0], scores[:, 0])
+        return AttentionOutput(context, weights, scores)
+
+    def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
+        """c_q = sum_i weights[q, i] values_i, [B, Q, Dv]."""
+        return torch.bmm(weights, values)
+
+
+class SoftmaxAttention(_ScoredAttention):
+    r"""Categorical (soft-selection) attention: p = softmax(theta), c = sum_i p_i v_i.
+
+    Args:
+        memory_dim: size Dm of the memory vectors x_i.
+        query_dim: size Dq of the queries (default Dm).
+        scorer: ``"dot"``, ``"scaled-dot"``, ``"bilinear"`` (x_i^T W q, default), ``"mlp"``
+            or a :class:`~structattn.attention.scorers.Scorer`.
+
+    Example:
+        >>> attn = SoftmaxAttention(8)
+        >>> out = attn(torch.randn(2, 8), torch.randn(2, 5, 8))
+        >>> out.context.shape, out.weights.shape
+        (torch.Size([2, 8]), torch.Size([2, 5]))
+    """
+
+    def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
+        return masked_softmax(scores, mask.unsqueeze(1))
+
+
+class SigmoidAttention(_ScoredAttention):
+    r"""Bernoulli (multiple-selection) attention: p_i = sigmoid(theta_i), c = sum_i p_i v_i.
+
+    Same arguments as :class:`SoftmaxAttention`. Weights do not sum to one.
+    """
+
+    def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
+        return torch.sigmoid(scores).masked_fill(~mask.unsqueeze(1), 0.0)
+
+
+class SegmentationAttention(_ScoredAttention):
+    r"""Segmentation attention (Kim et al. 2017, sec. 3.2 and A.3): a 2-state linear-chain CRF
+    over the N memory positions for every query.
+
+    .. math:: \theta_i(1) = \text{score}(x_i, q),\quad \theta_i(0) = 0,\quad
+              \theta_{i,i+1}(z_i, z_{i+1}) = \theta_i(z_i) + \theta_{i+1}(z_{i+1}) + b_{z_i z_{i+1}}
+
+    The weights are the marginals p_i = p(z_i = 1 | x, q) (forward-backward). With
+    ``normalize=True`` (the paper's setting) the context is
+    ``c = sum_i p_i v_i / gamma`` with ``gamma = lambda^{-1} sum_i p_i``; otherwise
+    ``c = sum_i p_i v_i``. All Q queries of a call share one batched chain computation.
+
+    Args:
+        memory_dim, query_dim, scorer: as for :class:`SoftmaxAttention`.
+        normalize: divide by gamma (default True).
+        lam: the paper's lambda (default 2).
+        penalty: weight of the L2 penalty on b returned by :meth:`penalty` (default 0.005).
+
+    The mask must put padding at the end (the chain is ordered). Add :meth:`penalty` to the
+    training loss. ``scores`` in the output are theta_i(1).
+
+    Example:
+        >>> attn = SegmentationAttention(8)
+        >>> out = attn(torch.randn(2, 3, 8), torch.randn(2, 5, 8))  # 3 queries
+        >>> out.weights.shape
+        torch.Size([2, 3, 5])
+    """
+
+    def __init__(
+        self,
+        memory_dim: int,
+        query_dim: int | None = None,
+        scorer: str | Scorer = "bilinear",
+        hidden_dim: int | None = None,
+        normalize: bool = True,
+        lam: float = 2.0,
+        penalty: float = 0.005,
+    ) -> None:
+        super().__init__(memory_dim, query_dim, scorer, hidden_dim)
+        self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[z_i, z_{i+1}]
+        self.normalize_context = normalize
+        self.lam = lam
+        self.penalty_weight = penalty
+
+    def penalty(self) -> Tensor:
+        """L2 penalty on the pairwise potentials b (add it to the loss)."""
+        return self.penalty_weight * self.transitions.pow(2).sum()
+
+    def crf(self, scores: Tensor, mask: Tensor) -> LinearChainCRF:
+        """The chain for scores [B, Q, N] (one chain per query), batch B * Q."""
+        batch, queries, n = scores.shape
+        lengths = prefix_lengths(mask).repeat_interleave(queries)  # [B * Q]
+        on = scores.reshape(batch * queries, n)
+        unary = torch.stack([torch.zeros_like(on), on], dim=-1)  # [B*Q, N, 2]
+        return LinearChainCRF(unary, self.transitions.to(on.dtype), lengths, validate_args=False)
+
+    def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
+        batch, queries, n = scores.shape
+        marginals = self.crf(scores, mask).marginals[..., 1]  # [B*Q, N]: p(z_i = 1)
+        return marginals.reshape(batch, queries, n)
+
+    def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
+        context = torch.bmm(weights, values)  # [B, Q, Dv]
+        if not self.normalize_context:
+            return context
+        gamma = weights.sum(-1, keepdim=True) / self.lam  # [B, Q, 1]
+        return context / gamma.clamp_min(torch.finfo(weights.dtype).tiny)
+
+    def decode(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
+        """MAP segmentation z (LongTensor [B, Q, N] or [B, N]; -1 at padding) by Viterbi."""
+        query3, single = as_queries(query)
+        mask = check_mask(mask, memory.shape[0], memory.shape[1], memory.device)
+        scores = self.scorer(check_memory(memory), query3)
+        labels = self.crf(scores, mask).argmax.reshape(scores.shape)
+        return labels[:, 0] if single else labels

@@ -1,0 +1,141 @@
+"""K-step CRF attention over n memory facts (Kim et al. 2017, sec. 4.3 and Appendix A.4)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..distributions import LinearChainCRF
+from ._common import check_mask
+
+__all__ = ["MemoryCRFAttention", "MemoryCRFOutput"]
+
+
+class MemoryCRFOutput(NamedTuple):
+    """Outputs of :class:`MemoryCRFAttention`."""
+
+    context: Tensor  # [B, D]   c = sum_k sum_i p(z_k = i) o_i^k
+    marginals: Tensor  # [B, K, n] p(z_k = i)
+    edge_marginals: Tensor  # [B, K-1, n, n] p(z_k = i, z_{k+1} = j)
+    unary: Tensor  # [B, K, n] theta_k(i)
+    pairwise: Tensor | None  # [B, K-1, n, n] (binary model) or None
+    queries: Tensor  # [B, K, D] q_1..q_K
+
+
+class MemoryCRFAttention(nn.Module):
+    r"""Attention as an n-state, K-step linear-chain CRF over memory facts.
+
+    z_k in {1..n} is the fact selected at inference step k. With per-step fact keys x_i^k,
+    values o_i^k and queries q_{k+1} = Q q_k:
+
+    .. math:: \theta_k(i) = (x_i^k)^\top q_k, \qquad
+              \theta_{k,k+1}(i, j) = (x_i^k)^\top x_j^{k+1}\ \ (\text{binary model})
+
+    and ``no_repeat`` sets theta_{k,k+1}(i, i) = -inf. The paper writes the binary edge
+    potential as theta_k(i) + (x_i^k)^T x_j^{k+1} + theta_{k+1}(j): the same distribution,
+    with the node terms kept as unary potentials here. The context is a single vector
+    ``c = sum_k sum_i p(z_k = i | x, q) o_i^k`` (forward-backward marginals).
+
+    Args:
+        embed_dim: size D of keys, values and queries.
+        steps: K >= 1 inference steps (K = 1 is softmax attention over the facts).
+        binary: add the fact-to-fact pairwise potentials (default True).
+        no_repeat: forbid selecting the same fact at consecutive steps (default: ``binary``).
+        normalize_potentials: log-softmax the unary potentials over facts at each step.
+
+    Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
+    (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern).
+    Items whose constraints leave no valid fact sequence (e.g. one fact with ``no_repeat``
+    and K >= 2) get zero marginals and a zero context.
+
+    Example:
+        >>> attn = MemoryCRFAttention(20, steps=3)
+        >>> out = attn(torch.randn(2, 20), torch.randn(2, 7, 20), torch.randn(2, 7, 20))
+        >>> out.context.shape, out.marginals.shape, out.edge_marginals.shape
+        (torch.Size([2, 20]), torch.Size([2, 3, 7]), torch.Size([2, 2, 7, 7]))
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        steps: int,
+        binary: bool = True,
+        no_repeat: bool | None = None,
+        normalize_potentials: bool = False,
+    ) -> None:
+        super().__init__()
+        if steps < 1:
+            raise ValueError(f"`steps` must be >= 1, got {steps}")
+        self.embed_dim = embed_dim
+        self.steps = steps
+        self.binary = binary
+        self.no_repeat = binary if no_repeat is None else no_repeat
+        self.normalize_potentials = normalize_potentials
+        self.query_update = nn.Linear(embed_dim, embed_dim, bias=False)  # q_{k+1} = Q q_k
+
+    def _per_step(self, x: Tensor, name: str) -> Tensor:
+        if x.dim() == 3:
+            return x.unsqueeze(1).expand(-1, self.steps, -1, -1)  # [B, K, n, D]
+        if x.dim() != 4 or x.shape[1] != self.steps:
+            raise ValueError(
+                f"`{name}` must have shape [B, n, D] or [B, {self.steps}, n, D], "
+                f"got {tuple(x.shape)}"
+            )
+        return x
+
+    def queries(self, query: Tensor) -> Tensor:
+        """q_1..q_K, [B, K, D]."""
+        out = [query]
+        for _ in range(self.steps - 1):
+            out.append(self.query_update(out[-1]))
+        return torch.stack(out, dim=1)
+
+    def crf(
+        self, query: Tensor, keys: Tensor, mask: Tensor | None = None
+    ) -> tuple[LinearChainCRF, Tensor, Tensor | None, Tensor]:
+        """The fact-sequence CRF and its (unary, pairwise, queries)."""
+        if query.dim() != 2 or query.shape[-1] != self.embed_dim:
+            raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
+        keys = self._per_step(keys, "keys")  # [B, K, n, D]
+        batch, _, n, _ = keys.shape
+        mask = check_mask(mask, batch, n, keys.device)
+        queries = self.queries(query)  # [B, K, D]
+        unary = torch.einsum("bknd,bkd->bkn", keys, queries)  # theta_k(i)
+        unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))
+        if self.normalize_potentials:
+            unary = torch.log_softmax(unary, dim=-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
+        pairwise = None
+        chain_pairwise = unary.new_zeros(batch, self.steps - 1, n, n)
+        if self.binary:
+            pairwise = torch.einsum("bkid,bkjd->bkij", keys[:, :-1], keys[:, 1:])
+            chain_pairwise = pairwise
+        if self.no_repeat:
+            eye = torch.eye(n, dtype=torch.bool, device=keys.device)
+            chain_pairwise = chain_pairwise.masked_fill(eye, float("-inf"))
+        crf = LinearChainCRF(unary, chain_pairwise, validate_args=False)
+        return crf, unary, pairwise, queries
+
+    def forward(
+        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None
+    ) -> MemoryCRFOutput:
+        crf, unary, pairwise, queries = self.crf(query, keys, mask)
+        values = self._per_step(values, "values")  # [B, K, n, D]
+        marginals = crf.marginals  # [B, K, n]
+        context = torch.einsum("bkn,bknd->bd", marginals, values)
+        return MemoryCRFOutput(context, marginals, crf.edge_marginals, unary, pairwise, queries)
+
+    @torch.no_grad()
+    def decode(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:
+        """MAP fact sequence, LongTensor [B, K] (0-based fact indices; -1 if none is valid)."""
+        return self.crf(query, keys, mask)[0].argmax
+
+    @torch.no_grad()
+    def topk(
+        self, query: Tensor, keys: Tensor, k: int, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The k most probable fact sequences: (probabilities [k, B], sequences [k, B, K])."""
+        crf = self.crf(query, keys, mask)[0]
+        scores, sequences = crf.topk(k)
+        return (scores - crf.log_partition).exp(), sequences

@@ -1,0 +1,448 @@
+"""NonProjectiveDependencyCRF against brute-force enumeration of every tree (float64), plus
+padding, degenerate, no-tree, float32-stability, gradient and property checks."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor
+from torch.autograd import gradcheck, gradgradcheck
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from oracles import count_nonprojective, summarize, tree_score, trees  # noqa: E402
+
+import structattn.structs.nonprojective as nonprojective  # noqa: E402
+from structattn.distributions.nonprojective import NonProjectiveDependencyCRF  # noqa: E402
+from structattn.semirings import MaxSemiring  # noqa: E402
+from structattn.structs.dependency import is_tree  # noqa: E402
+
+NEG_INF = float("-inf")
+MULTIROOT = pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+
+
+# ---- helpers --------------------------------------------------------------------------------
+@dataclass
+class Enumerated:
+    """Everything about one item, by brute force over its trees."""
+
+    support: list[tuple[int, ...]]  # every tree, as head tuples of words 1..n
+    probs: Tensor  # [T]
+    log_partition: Tensor
+    entropy: Tensor
+    max_score: Tensor
+    argmax: list[int]  # heads with -1 at ROOT
+    marginals: Tensor  # [N, N]
+
+
+def enumerate_item(scores: Tensor, multiroot: bool) -> Enumerated:
+    """Brute force over every tree of one item, ``scores`` [N, N] (N - 1 words)."""
+    size = scores.shape[-1]
+    support = list(trees(size - 1, projective=False, multiroot=multiroot))
+    values = torch.stack([tree_score(scores, t) for t in support])  # [T]
+    summary = summarize(values)
+    marginals = torch.zeros(size, size, dtype=scores.dtype)
+    if torch.isfinite(values).any():
+        for t, p in zip(support, summary["probs"], strict=True):
+            for m, h in enumerate(t, start=1):
+                marginals[h, m] += p
+    return Enumerated(
+        support=support,
+        probs=summary["probs"],
+        log_partition=summary["log_partition"],
+        entropy=summary["entropy"],
+        max_score=summary["max_score"],
+        argmax=[-1, *support[int(values.argmax())]],
+        marginals=marginals,
+    )
+
+
+def heads_tensor(support: list[tuple[int, ...]]) -> Tensor:
+    """Head tuples -> LongTensor [T, N] with -1 at ROOT."""
+    return torch.tensor([[-1, *t] for t in support], dtype=torch.long)
+
+
+def chain_kept(scores: Tensor, frac: float, generator: torch.Generator) -> Tensor:
+    """Set a fraction of arcs to -inf but keep ROOT -> 1 -> 2 -> ... so a tree exists."""
+    size = scores.shape[-1]
+    drop = torch.rand(scores.shape, generator=generator) < frac
+    keep = torch.zeros(size, size, dtype=torch.bool)
+    keep[torch.arange(size - 1), torch.arange(1, size)] = True
+    return scores.masked_fill(drop & ~keep, NEG_INF)
+
+
+def koo_log_det(scores: Tensor, multiroot: bool) -> Tensor:
+    """Reference matrix-tree theorem with a dense determinant (fine at moderate scales)."""
+    size = scores.shape[-1]
+    banned = torch.eye(size, dtype=torch.bool)
+    banned[:, 0] = True
+    weights = scores.masked_fill(banned, NEG_INF).exp()  # [B, N, N]
+    first = 0 if multiroot else 1  # single root: no root weight on the diagonal (Koo et al.)
+    lap = torch.diag_embed(weights[:, first:, 1:].sum(1)) - weights[:, 1:, 1:]
+    if not multiroot:
+        lap[:, 0] = weights[:, 0, 1:]  # first row replaced by the root weights
+    sign, logabs = torch.linalg.slogdet(lap)
+    assert (sign > 0).all()
+    return logabs
+
+
+# ---- against enumeration --------------------------------------------------------------------
+@MULTIROOT
+@pytest.mark.parametrize("n_words", [1, 2, 3, 4, 5])
+def test_matches_enumeration(n_words: int, multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(10 * n_words + multiroot)
+    size = n_words + 1
+    scores = torch.randn(3, size, size, dtype=torch.float64, generator=gen) * 2
+    scores[2] = chain_kept(scores[2], 0.4, gen)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    for b in range(3):
+        ref = enumerate_item(scores[b], multiroot)
+        torch.testing.assert_close(dist.log_partition[b], ref.log_partition)
+        torch.testing.assert_close(dist.marginals[b], ref.marginals)
+        torch.testing.assert_close(dist.entropy[b], ref.entropy)
+        torch.testing.assert_close(dist.max_score[b], ref.max_score)
+        assert dist.argmax[b].tolist() == ref.argmax
+
+
+@MULTIROOT
+@pytest.mark.parametrize("n_words", [1, 2, 3, 4, 5, 6, 8])
+def test_zero_scores_count_trees(n_words: int, multiroot: bool) -> None:
+    scores = torch.zeros(1, n_words + 1, n_words + 1, dtype=torch.float64)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    expected = math.log(count_nonprojective(n_words, multiroot))
+    torch.testing.assert_close(dist.log_partition[0].item(), expected)
+    torch.testing.assert_close(dist.entropy[0].item(), expected)  # uniform distribution
+
+
+@MULTIROOT
+def test_log_prob(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(1, 5, 5, dtype=torch.float64, generator=gen)
+    ref = enumerate_item(scores[0], multiroot)
+    support = ref.support
+    heads = heads_tensor(support)  # [T, N]
+    dist = NonProjectiveDependencyCRF(scores.expand(len(support), 5, 5), multiroot=multiroot)
+    logp = dist.log_prob(heads)
+    probs = ref.probs
+    torch.testing.assert_close(logp, probs.log())
+    torch.testing.assert_close(logp.exp().sum().item(), 1.0)
+    bad = torch.tensor(
+        [
+            [-1, 2, 1, 0, 0],  # 1 <-> 2 cycle
+            [-1, 1, 0, 0, 0],  # self loop
+            [-1, 0, 7, 0, 0],  # head out of range
+            [-1, 0, 0, 0, 0] if not multiroot else [-1, 4, 4, 4, 3],  # 4 roots / cycle 3 <-> 4
+        ]
+    )
+    four = NonProjectiveDependencyCRF(scores.expand(4, 5, 5), multiroot=multiroot)
+    assert torch.isneginf(four.log_prob(bad)).all()
+    with pytest.raises(ValueError):
+        four.log_prob(bad.double())
+
+
+@MULTIROOT
+def test_sample_frequencies(multiroot: bool) -> None:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(1, 4, 4, dtype=torch.float64, generator=gen) * 1.5
+    ref = enumerate_item(scores[0], multiroot)
+    support, probs = ref.support, ref.probs
+    n = 4000
+    samples = NonProjectiveDependencyCRF(scores, multiroot=multiroot).sample(n)
+    assert samples.shape == (n, 1, 4) and samples.dtype == torch.long
+    counts = Counter(tuple(row[1:].tolist()) for row in samples[:, 0])
+    assert set(counts) <= set(support)  # every sample is a tree of the support
+    freq = torch.tensor([counts[t] / n for t in support], dtype=torch.float64)
+    # total variation ~0.015 for an exact sampler here; drawing each head from the
+    # unconditioned marginals (a classic mistake) gives ~0.2
+    assert 0.5 * (freq - probs).abs().sum() < 0.04
+    # and the target is far from uniform, so the bound is discriminative
+    assert 0.5 * (probs - 1 / len(support)).abs().sum() > 0.2
+
+
+def test_sample_padding_neg_inf_and_no_tree() -> None:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(3, 6, 6, generator=gen)
+    scores[0] = chain_kept(scores[0], 0.5, gen)
+    scores[2, :, 3] = NEG_INF  # word 3 has no head: no tree
+    lengths = torch.tensor([6, 4, 6])
+    for multiroot in (True, False):
+        samples = NonProjectiveDependencyCRF(scores, lengths, multiroot).sample(50)
+        assert samples.shape == (50, 3, 6)
+        flat = samples[:, :2].reshape(100, 6)  # [n * 2, N]
+        assert is_tree(flat, lengths[:2].repeat(50), multiroot).all()
+        assert (samples[:, 1, 4:] == -1).all() and (samples[:, :, 0] == -1).all()
+        assert (samples[:, 2] == -1).all()
+        used = scores[0][samples[:, 0, 1:], torch.arange(1, 6)]  # [n, 5] sampled arc scores
+        assert torch.isfinite(used).all()  # no -inf arc ever sampled
+
+
+def test_sample_redraws_impossible_arcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Marginals with rounding noise on impossible arcs must still give valid trees."""
+    torch.manual_seed(0)
+    exact = nonprojective.matrix_tree_marginals
+
+    def noisy(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+        allowed = torch.isfinite(scores)
+        return exact(scores, lengths, multiroot) + 0.3 * allowed  # every allowed arc likely
+
+    monkeypatch.setattr(nonprojective, "matrix_tree_marginals", noisy)
+    scores = torch.randn(2, 5, 5)
+    for multiroot in (True, False):
+        samples = NonProjectiveDependencyCRF(scores, multiroot=multiroot).sample(100)
+        assert is_tree(samples.reshape(200, 5), torch.full((200,), 5), multiroot).all()
+
+
+# ---- padding, degenerate sizes, items with no tree ------------------------------------------
+@MULTIROOT
+def test_padding_invariance(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, 7, 7, dtype=torch.float64, generator=gen)
+    lengths = torch.tensor([7, 2, 5, 3])
+    for b, length in enumerate(lengths.tolist()):  # junk in the padding must not matter
+        scores[b, length:, :] = 1e4
+        scores[b, :, length:] = NEG_INF
+    dist = NonProjectiveDependencyCRF(scores, lengths, multiroot)
+    for b, length in enumerate(lengths.tolist()):
+        alone = NonProjectiveDependencyCRF(scores[b : b + 1, :length, :length], None, multiroot)
+        torch.testing.assert_close(dist.log_partition[b], alone.log_partition[0])
+        torch.testing.assert_close(dist.entropy[b], alone.entropy[0])
+        torch.testing.assert_close(dist.max_score[b], alone.max_score[0])
+        torch.testing.assert_close(dist.marginals[b, :length, :length], alone.marginals[0])
+        assert (dist.marginals[b, length:] == 0).all() and (
+            dist.marginals[b, :, length:] == 0
+        ).all()
+        assert dist.argmax[b, :length].tolist() == alone.argmax[0].tolist()
+        assert (dist.argmax[b, length:] == -1).all()
+    torch.testing.assert_close(dist.log_prob(dist.argmax), dist.max_score - dist.log_partition)
+
+
+@MULTIROOT
+def test_one_word(multiroot: bool) -> None:
+    scores = torch.tensor([[[0.0, 1.5], [0.3, 2.0]]], dtype=torch.float64, requires_grad=True)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    torch.testing.assert_close(dist.log_partition, torch.tensor([1.5], dtype=torch.float64))
+    expected = torch.tensor([[[0.0, 1.0], [0.0, 0.0]]], dtype=torch.float64)
+    torch.testing.assert_close(dist.marginals, expected)
+    assert dist.argmax.tolist() == [[-1, 0]] and dist.sample(3).tolist() == [[[-1, 0]]] * 3
+    torch.testing.assert_close(dist.entropy, torch.zeros(1, dtype=torch.float64))
+
+
+@MULTIROOT
+def test_no_valid_tree(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(6)
+    scores = torch.randn(4, 5, 5, dtype=torch.float64, generator=gen)
+    scores[0, :, 2] = NEG_INF  # word 2 has no possible head
+    scores[1, 0, 1:3] = NEG_INF  # words 1 and 2 may only head each other: a cycle
+    scores[1, 3:, 1:3] = NEG_INF
+    scores[2, 1:, 1:] = NEG_INF  # every word hangs from ROOT: a tree only with many roots
+    scores = scores.requires_grad_(True)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    invalid = [0, 1] if multiroot else [0, 1, 2]
+    valid = [b for b in range(4) if b not in invalid]
+    logz = dist.log_partition
+    assert torch.isneginf(logz[invalid]).all() and torch.isfinite(logz[valid]).all()
+    assert (dist.marginals[invalid] == 0).all() and (dist.entropy[invalid] == 0).all()
+    assert torch.isneginf(dist.max_score[invalid]).all() and (dist.argmax[invalid] == -1).all()
+    assert (dist.sample(5)[:, invalid] == -1).all()
+    assert torch.isneginf(dist.log_prob(dist.argmax)[invalid]).all()
+    for b in valid:  # the other items are unaffected
+        alone = NonProjectiveDependencyCRF(scores[b : b + 1].detach(), multiroot=multiroot)
+        torch.testing.assert_close(logz[b], alone.log_partition[0])
+        torch.testing.assert_close(dist.marginals[b], alone.marginals[0])
+    loss = logz[valid].sum() + (dist.marginals**2).sum() + dist.entropy.sum()
+    (grad,) = torch.autograd.grad(loss, scores)
+    assert torch.isfinite(grad).all() and (grad[invalid] == 0).all()
+
+
+# ---- gradients --------------------------------------------------------------------------------
+@MULTIROOT
+def test_gradcheck(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(2, 4, 4, dtype=torch.float64, generator=gen)
+    scores[0, 2, 3] = NEG_INF  # a forbidden arc that leaves trees
+    scores.requires_grad_(True)
+    lengths = torch.tensor([4, 3])
+
+    def log_partition(x: Tensor) -> Tensor:
+        return NonProjectiveDependencyCRF(x, lengths, multiroot).log_partition
+
+    def marginals(x: Tensor) -> Tensor:
+        return NonProjectiveDependencyCRF(x, lengths, multiroot).marginals
+
+    assert gradcheck(log_partition, (scores,))
+    assert gradgradcheck(log_partition, (scores,))
+    assert gradcheck(marginals, (scores,))
+    # third derivatives of log Z: a random projection (fast mode) keeps this quick
+    assert gradgradcheck(marginals, (scores,), fast_mode=True)
+
+
+# ---- numerical stability ----------------------------------------------------------------------
+@MULTIROOT
+def test_float32_huge_scores(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(4, 9, 9, generator=gen) * 1e4
+    scores[3] = chain_kept(scores[3], 0.5, gen)
+    scores.requires_grad_(True)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    logz, marginals = dist.log_partition, dist.marginals
+    assert logz.dtype == torch.float32 and torch.isfinite(logz).all()
+    assert torch.isfinite(marginals).all() and torch.isfinite(dist.entropy).all()
+    torch.testing.assert_close(marginals.sum(1)[:, 1:], torch.ones(4, 8))
+    # max_score <= log Z <= max_score + log(number of trees), up to float32 rounding
+    gap, slack = logz - dist.max_score, 1e-6 * dist.max_score.abs()
+    assert (gap >= -slack).all()
+    assert (gap <= math.log(count_nonprojective(8, multiroot)) + slack).all()
+    reference = NonProjectiveDependencyCRF(scores.detach().double(), multiroot=multiroot)
+    torch.testing.assert_close(logz.double(), reference.log_partition, rtol=1e-6, atol=0.0)
+    weights = torch.randn(marginals.shape, generator=gen)
+    (grad,) = torch.autograd.grad(logz.sum() + (marginals * weights).sum(), scores)
+    assert torch.isfinite(grad).all()
+    samples = dist.sample(4)
+    assert is_tree(samples.reshape(16, 9), torch.full((16,), 9), multiroot).all()
+
+
+@MULTIROOT
+def test_float32_neg_inf_arcs_match_enumeration(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(9)
+    scores = torch.randn(3, 6, 6, dtype=torch.float64, generator=gen) * 3
+    for b in range(3):
+        scores[b] = chain_kept(scores[b], 0.6, gen)
+    single = scores.float().requires_grad_(True)
+    dist = NonProjectiveDependencyCRF(single, multiroot=multiroot)
+    (grad,) = torch.autograd.grad(dist.log_partition.sum() + dist.entropy.sum(), single)
+    assert torch.isfinite(grad).all()
+    for b in range(3):
+        ref = enumerate_item(scores[b], multiroot)
+        logz, marginals = dist.log_partition[b].double(), dist.marginals[b].double()
+        torch.testing.assert_close(logz, ref.log_partition, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(marginals, ref.marginals, rtol=0, atol=1e-5)
+        assert dist.argmax[b].tolist() == ref.argmax
+
+
+# ---- beyond enumeration: dense determinant and root-by-root MAP ----------------------------
+@MULTIROOT
+def test_matches_dense_determinant(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(11)
+    size = 12
+    scores = torch.randn(3, size, size, dtype=torch.float64, generator=gen)
+    # heads only left of their modifiers: the word graph is a DAG, word 1 must be the root
+    # child, and the elimination has to be relabelled to avoid a zero pivot
+    scores[1] = scores[1].masked_fill(~torch.ones(size, size, dtype=torch.bool).triu(1), NEG_INF)
+    scores[2] = chain_kept(scores[2], 0.6, gen)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    torch.testing.assert_close(dist.log_partition, koo_log_det(scores, multiroot))
+
+
+def test_single_root_argmax_matches_root_by_root_search() -> None:
+    gen = torch.Generator().manual_seed(12)
+    batch, size = 16, 11
+    scores = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
+    for b in range(0, batch, 2):
+        scores[b] = chain_kept(scores[b], 0.5, gen)
+    lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+    dist = NonProjectiveDependencyCRF(scores, lengths, multiroot=False)
+    assert is_tree(dist.argmax, lengths, multiroot=False).all()
+    # best over r of the multi-root MAP with ROOT -> r as the only root arc
+    best = torch.full((batch,), NEG_INF, dtype=torch.float64)
+    for r in range(1, size):
+        only = scores.clone()
+        only[:, 0, :r] = NEG_INF
+        only[:, 0, r + 1 :] = NEG_INF
+        best = torch.maximum(best, NonProjectiveDependencyCRF(only, lengths).max_score)
+    torch.testing.assert_close(dist.max_score, best)
+
+
+@MULTIROOT
+def test_argmax_beats_samples_and_single_head_changes(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(13)
+    size = 10
+    scores = torch.randn(1, size, size, dtype=torch.float64, generator=gen)
+    dist = NonProjectiveDependencyCRF(scores, multiroot=multiroot)
+    best = dist.log_prob(dist.argmax)  # [1]
+    samples = dist.sample(20)  # [n, 1, N]
+    assert all((dist.log_prob(s) <= best + 1e-9).all() for s in samples)
+    # every tree one head away from the MAP scores no higher
+    heads = dist.argmax[0]
+    moves = heads.repeat(size * size, 1)  # [N * N, N]: move m gets head h
+    moves[torch.arange(size * size), torch.arange(size * size) % size] = torch.arange(
+        size * size
+    ).div(size, rounding_mode="floor")
+    moves = moves[is_tree(moves, torch.full((size * size,), size), multiroot)]  # [K, N]
+    assert len(moves) > size
+    around = NonProjectiveDependencyCRF(scores.expand(len(moves), size, size), multiroot=multiroot)
+    assert (around.log_prob(moves) <= best + 1e-9).all()
+
+
+# ---- API ----------------------------------------------------------------------------------------
+def test_validation_errors() -> None:
+    good = torch.randn(2, 4, 4)
+    with pytest.raises(ValueError):
+        NonProjectiveDependencyCRF(torch.randn(4, 4))  # wrong rank
+    with pytest.raises(ValueError):
+        NonProjectiveDependencyCRF(torch.zeros(2, 4, 4, dtype=torch.long))  # not floating
+    with pytest.raises(ValueError):
+        NonProjectiveDependencyCRF(torch.full((2, 4, 4), float("nan")))
+    with pytest.raises(ValueError):
+        NonProjectiveDependencyCRF(torch.randn(2, 4, 3))  # not square
+    for bad in ([1, 4], [2, 5]):
+        with pytest.raises(ValueError):
+            NonProjectiveDependencyCRF(good, torch.tensor(bad))
+    with pytest.raises(ValueError):
+        NonProjectiveDependencyCRF(good).sample(0)
+
+
+def test_only_log_semiring() -> None:
+    dist = NonProjectiveDependencyCRF(torch.randn(1, 3, 3))
+    with pytest.raises(NotImplementedError, match="semiring"):
+        dist._inside(MaxSemiring, dist._parts(dist.arc_scores), None)
+
+
+def test_inference_mode_and_no_grad() -> None:
+    scores = torch.randn(2, 5, 5)
+    with torch.inference_mode():
+        dist = NonProjectiveDependencyCRF(scores)
+        marginals, samples = dist.marginals, dist.sample(2)
+    torch.testing.assert_close(marginals.sum(1)[:, 1:], torch.ones(2, 4))
+    assert is_tree(samples.reshape(4, 5), torch.full((4,), 5), True).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    size=st.integers(2, 7),
+    batch=st.integers(1, 3),
+    multiroot=st.booleans(),
+    scale=st.sampled_from([0.1, 1.0, 10.0, 1e3]),
+    neg_inf=st.floats(0.0, 0.7),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_properties(
+    size: int, batch: int, multiroot: bool, scale: float, neg_inf: float, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, size, size, dtype=torch.float64, generator=gen) * scale
+    scores = scores.masked_fill(torch.rand(scores.shape, generator=gen) < neg_inf, NEG_INF)
+    lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+    dist = NonProjectiveDependencyCRF(scores, lengths, multiroot)
+    logz, marginals, argmax = dist.log_partition, dist.marginals, dist.argmax
+    ok = torch.isfinite(logz)
+    assert not torch.isnan(logz).any() and not torch.isnan(marginals).any()
+    words = (torch.arange(size) >= 1) & (torch.arange(size) < lengths[:, None])  # [B, N]
+    sums = marginals.sum(1)  # [B, N]
+    torch.testing.assert_close(sums[ok] * words[ok], words[ok].double())
+    assert (marginals[~ok] == 0).all() and (marginals[:, :, 0] == 0).all()
+    assert (torch.isfinite(dist.max_score) == ok).all()
+    assert (logz[ok] >= dist.max_score[ok] - 1e-9 * dist.max_score[ok].abs().clamp(min=1)).all()
+    assert is_tree(argmax[ok], lengths[ok], multiroot).all() and (argmax[~ok] == -1).all()
+    entropy = dist.entropy[ok]
+    counts = torch.tensor([count_nonprojective(n - 1, multiroot) for n in lengths[ok].tolist()])
+    assert (entropy >= -1e-6).all() and (entropy <= counts.double().log() + 1e-6).all()
