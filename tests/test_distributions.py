@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from structattn import DependencyCRF, LinearChainCRF
+from structattn import DependencyCRF, LinearChainCRF, NonProjectiveDependencyCRF
 from structattn.distributions.base import StructuredDistribution
 
 Params = tuple[Tensor, ...]
@@ -88,12 +88,12 @@ def _tree_draw(b: int, n: int, dtype: torch.dtype, scale: float) -> Params:
     return (torch.randn(b, n, n, dtype=dtype) * scale,)
 
 
-def _tree_case(multiroot: bool) -> Case:
+def _tree_case(multiroot: bool, projective: bool = True) -> Case:
     def enumerate_trees(params: Params, length: int) -> list[tuple[Tensor, Tensor]]:
         (arcs,) = params
         n = arcs.shape[0]
         out = []
-        for heads in oracles.trees(length - 1, projective=True, multiroot=multiroot):
+        for heads in oracles.trees(length - 1, projective=projective, multiroot=multiroot):
             value = torch.full((n,), -1, dtype=torch.long)
             value[1:length] = torch.tensor(heads)
             out.append((value, oracles.tree_score(arcs, heads)))
@@ -107,19 +107,27 @@ def _tree_case(multiroot: bool) -> Case:
                 ind[h, m] = 1
         return (ind,)
 
+    cls = DependencyCRF if projective else NonProjectiveDependencyCRF
+    count = oracles.count_projective if projective else oracles.count_nonprojective
     return Case(
-        name=f"projective-{'multi' if multiroot else 'single'}root",
+        name=f"{'' if projective else 'non-'}projective-{'multi' if multiroot else 'single'}root",
         min_len=2,
         draw=_tree_draw,
-        build=lambda p, lengths: DependencyCRF(p[0], lengths, multiroot=multiroot),
+        build=lambda p, lengths: cls(p[0], lengths, multiroot=multiroot),
         enumerate=enumerate_trees,
         indicators=indicators,
         marginals=lambda d: (d.marginals,),  # type: ignore[attr-defined]
-        count=lambda n: oracles.count_projective(n - 1, multiroot),
+        count=lambda n: count(n - 1, multiroot),
     )
 
 
-CASES = [CHAIN, _tree_case(True), _tree_case(False)]
+CASES = [
+    CHAIN,
+    _tree_case(True),
+    _tree_case(False),
+    _tree_case(True, projective=False),
+    _tree_case(False, projective=False),
+]
 ids = [c.name for c in CASES]
 
 
