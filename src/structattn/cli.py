@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -15,7 +18,7 @@ def _fmt_row(label: str, values: Sequence[float], width: int = 6) -> str:
     return f"{label:>8} " + " ".join(f"{v:{width}.2f}" for v in values)
 
 
-def demo(seed: int = 0) -> str:
+def tour(seed: int = 0) -> str:
     """A worked example of the inference core; returns the text it prints."""
     from . import DependencyCRF, LinearChainCRF, mean_field_marginals
 
@@ -74,21 +77,152 @@ def demo(seed: int = 0) -> str:
     return text
 
 
+RECIPES = ("tree-transduction",)
+
+
+def _recipe_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text)
+    parser.add_argument("recipe", choices=RECIPES, help="experiment")
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
+    from .recipes._config import add_config_arguments
+    from .recipes.tree_transduction import TreeTransductionConfig
+
     parser = argparse.ArgumentParser(
-        prog="structattn", description="Structured attention for PyTorch."
+        prog="structattn",
+        description="Structured attention for PyTorch: demos, paper recipes, benchmarks.",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="show a worked example of structured attention")
-    p_demo.add_argument("--seed", type=int, default=0, help="random seed")
+
+    p = sub.add_parser("demo", help="generate data, train small simple and structured models")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--quick", action="store_true", help="a tiny run (seconds) for smoke tests")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+
+    p = sub.add_parser("tour", help="print a worked example of the inference core")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+
+    p = sub.add_parser("data", help="write a generated data set")
+    p.add_argument("recipe", choices=RECIPES)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0, help="data seed")
+
+    p = _recipe_parser(sub, "train", "train one model")
+    p.add_argument("--out", default=None, help="run directory (default runs/<recipe>/<variant>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_config_arguments(p, TreeTransductionConfig)
+
+    p = _recipe_parser(sub, "eval", "evaluate a trained model on a data file")
+    p.add_argument("--checkpoint", required=True, help="run directory (or its model.pt)")
+    p.add_argument("--data", required=True, help="file of source<TAB>target lines")
+    p.add_argument("--predictions", default=None, help="write one JSON object per example")
+    p.add_argument("--beam-size", type=int, default=None, help="default: the run's")
+    p.add_argument("--device", default="cpu")
+
+    p = _recipe_parser(
+        sub, "reproduce", "train all variants and print our table beside the paper's"
+    )
+    p.add_argument("--out", default=None, help="output directory (default runs/<recipe>)")
+    p.add_argument("--resume", action="store_true", help="continue unfinished runs in --out")
+    p.add_argument("--variants", default="none,simple,structured", help="comma-separated")
+    add_config_arguments(p, TreeTransductionConfig, skip={"attention"})
+
+    p = _recipe_parser(sub, "viz", "plot self-attention heatmaps and the MAP parse")
+    p.add_argument(
+        "--checkpoint", required=True, help="a run dir, or a dir with simple/ structured/"
+    )
+    p.add_argument("--source", required=True, help='a source expression, e.g. "( + 1 2 )"')
+    p.add_argument("--out", default=None, help="output directory (default: the checkpoint dir)")
     return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    from .recipes._config import config_from_args
+    from .recipes.tree_transduction import TreeTransductionConfig, train
+
+    config = config_from_args(TreeTransductionConfig, args)
+    out = args.out or f"runs/tree-transduction/{config.attention}"
+    summary = train(config, out, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) == 0:  # one summary under torchrun
+        print(json.dumps({"run_dir": out, **summary}, indent=2, default=str))
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from .data.tree_transduction import read_pairs
+    from .recipes.tree_transduction import evaluate, format_table, load_trained
+
+    model, vocab, config = load_trained(args.checkpoint, args.device)
+    pairs = read_pairs(args.data)
+    beam = args.beam_size or config.beam_size
+    scores = evaluate(model, pairs, vocab, args.device, beam, args.predictions)
+    print(format_table({config.attention: scores["per_depth"]}))
+    counts = ", ".join(f"depth {d}: {n}" for d, n in scores["counts"].items())
+    print(f"overall {scores['overall']:.1f}% ({counts}; beam {beam})")
+    if args.predictions:
+        print(f"predictions written to {args.predictions}")
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> None:
+    from .recipes._config import config_from_args
+    from .recipes.tree_transduction import TreeTransductionConfig, reproduce
+
+    config = config_from_args(TreeTransductionConfig, args)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    reproduce(config, args.out or "runs/tree-transduction", variants, resume=args.resume)
+
+
+def _cmd_viz(args: argparse.Namespace) -> None:
+    from .recipes.tree_transduction import visualize
+
+    for path in visualize(args.checkpoint, args.source, args.out):
+        print(path)
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    from .data.tree_transduction import main_data
+
+    main_data(args.out, seed=args.seed)
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from .recipes.demo import run_demo
+
+    run_demo(args.out, quick=args.quick, seed=args.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``structattn`` command."""
     args = _build_parser().parse_args(argv)
-    if args.command == "demo":
-        demo(seed=args.seed)
+    if args.threads is not None:
+        if args.threads < 1:
+            print("structattn: error: --threads must be >= 1", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    commands = {
+        "demo": _cmd_demo,
+        "data": _cmd_data,
+        "train": _cmd_train,
+        "eval": _cmd_eval,
+        "reproduce": _cmd_reproduce,
+        "viz": _cmd_viz,
+    }
+    try:
+        if args.command == "tour":
+            tour(seed=args.seed)
+        else:
+            commands[args.command](args)
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        from .training import CheckpointError
+
+        if isinstance(error, RuntimeError) and not isinstance(error, CheckpointError):
+            raise
+        print(f"structattn: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

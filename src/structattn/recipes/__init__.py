@@ -1,0 +1,1 @@
+"""Recipes: one module per paper experiment (config, build, train, evaluate)."""

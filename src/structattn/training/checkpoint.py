@@ -1,0 +1,92 @@
+"""Checkpoints: written atomically (temp file + rename), loaded without executing code.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts saved with
+``torch.save`` and read back with ``torch.load(weights_only=True)``, which refuses anything
+that would need pickle to run code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "get_rng_state",
+    "load_checkpoint",
+    "save_checkpoint",
+    "set_rng_state",
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or not one of ours."""
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically: a crash leaves the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: str | torch.device | None = "cpu"
+) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (no code is executed)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory; expected a checkpoint file")
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure means a corrupt/foreign file
+        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path} is not a structattn checkpoint")
+    return state
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch (and CUDA) RNG states as checkpoint-safe values."""
+    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # noqa: NPY002
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [
+            np_state[0],
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            *(int(v) if i < 2 else float(v) for i, v in enumerate(np_state[2:])),
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

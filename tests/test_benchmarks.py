@@ -1,0 +1,88 @@
+"""Smoke test of the benchmark harness (``benchmarks/run.py --quick``).
+
+Runs in the test venv, where no peer library is installed: every peer must be skipped with
+a message, our libraries still timed, and the brute-force correctness check still run. No
+timing assertions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+def _load_run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("structattn_bench_run", RUN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    run = _load_run()
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    argv = ["--quick", "--repeats", "1", "--warmup", "0", "--batch", "2", "--threads", "1"]
+    argv += ["--json", str(out)]
+    threads = torch.get_num_threads()
+    try:
+        assert run.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)  # main() sets the thread count process-wide
+    return json.loads(out.read_text())
+
+
+def test_quick_rows_have_finite_times(quick_results: dict) -> None:
+    rows = quick_results["rows"]
+    sections = {r["section"] for r in rows}
+    assert {"tree", "chain"} <= sections
+    for row in rows:
+        assert "ours" in row["times"], row
+        for seconds in row["times"].values():
+            assert math.isfinite(seconds) and seconds > 0
+        for samples in row["samples"].values():
+            assert len(samples) == 1
+    ops = {(r["section"], r["op"]) for r in rows}
+    assert {("tree", "logz_fb"), ("tree", "marg_fb"), ("tree", "argmax")} <= ops
+    assert {("chain", "logz_fb"), ("chain", "marg")} <= ops
+
+
+def test_quick_correctness_checks_ran(quick_results: dict) -> None:
+    checks = quick_results["checks"]
+    assert quick_results["failures"] == 0
+    brute = {(c["section"], c["library"]) for c in checks if c["reference"] == "brute force"}
+    assert {("tree", "ours"), ("chain", "ours")} <= brute
+    # every timed configuration was checked against the float64 reference first
+    checked = {(c["section"], c["library"], c["config"]) for c in checks}
+    for row in quick_results["rows"]:
+        config = f"N={row['size']}"
+        for lib in row["times"]:
+            assert any(
+                s == row["section"] and lb == lib and c.startswith(config) for s, lb, c in checked
+            ), (row, lib)
+    for check in checks:
+        assert check["ok"], check
+        assert check["errors"] and all(math.isfinite(v) for v in check["errors"].values())
+    # peers are compared with ours when installed, and skipped with a message otherwise
+    for peer, module in (("torch-struct", "torch_struct"), ("supar", "supar")):
+        if importlib.util.find_spec(module) is None:
+            assert any(peer in m and "skipped" in m for m in quick_results["messages"])
+        else:
+            assert any(c["library"] == peer and c["reference"] == "float64" for c in checks)
+
+
+def test_quick_memory_measured(quick_results: dict) -> None:
+    memory = [m for m in quick_results["memory"] if m["library"] == "ours"]
+    assert any(m["section"] == "tree" and m["op"] == "marg_fb" for m in memory)
+    assert all(m["peak_bytes"] > 0 for m in memory)
