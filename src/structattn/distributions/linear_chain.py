@@ -77,11 +77,11 @@ class LinearChainCRF(StructuredDistribution):
     def _parts(self, *raw: Tensor) -> tuple[Tensor, Tensor]:
         unary, pairwise = raw
         batch, n, c = unary.shape
-        pairwise = pairwise.expand(batch, n - 1, c, c)  # [B, N-1, C, C]
+        pairwise = pairwise.expand(batch, n - 1, c, c)  # [B, N-1, C, C], a view
         if self.lengths is not None:
-            mask = self.mask
-            unary = unary.masked_fill(~mask.unsqueeze(-1), 0.0)
-            pairwise = pairwise.masked_fill(~mask[:, 1:, None, None], 0.0)
+            # padded steps are skipped by the forward pass (their gradients, i.e. the edge
+            # marginals there, are exactly 0), so the transitions need no masking
+            unary = unary.masked_fill(~self.mask.unsqueeze(-1), 0.0)
         return unary, pairwise
 
     def _inside(
