@@ -8,7 +8,7 @@ import sys
 from structattn.cli import main
 
 
-def test_demo_prints_worked_example(capsys) -> None:
+def test_tour_prints_worked_example(capsys) -> None:
     assert main(["tour"]) == 0
     text = capsys.readouterr().out
     assert "MAP tree" in text and "Viterbi" in text and "Mean-field" in text

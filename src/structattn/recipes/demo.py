@@ -35,7 +35,7 @@ from .tree_transduction import (
 __all__ = ["DEMO_CONFIG", "QUICK_CONFIG", "run_demo"]
 
 #: the demo: the paper's model and data, fewer epochs (about 10 minutes on 2 CPU cores)
-DEMO_CONFIG = TreeTransductionConfig(epochs=4, decay_start=3, progress=False, log_every=100)
+DEMO_CONFIG = TreeTransductionConfig(epochs=5, decay_start=3, progress=False, log_every=100)
 #: a seconds-long smoke run (tests, CI)
 QUICK_CONFIG = replace(
     DEMO_CONFIG, epochs=1, train_size=60, valid_size=20, dim=16, parser_hidden=8, beam_size=2

@@ -271,6 +271,22 @@ def fit(
             },
         )
 
+    def save_model(epoch: int, metrics: dict[str, float]) -> None:
+        """The model for eval/viz (``model.pt``): weights, config, extras, its validation."""
+        if rank != 0:
+            return
+        save_checkpoint(
+            run_dir / "model.pt",
+            {
+                "format": CHECKPOINT_FORMAT,
+                "model": _unwrap(model).state_dict(),
+                "config": task.config,
+                "extra": task.extra,
+                "epoch": epoch,
+                "valid": metrics,
+            },
+        )
+
     started = time.time()
     for epoch in range(start_epoch, config.epochs + 1):
         model.train()
@@ -333,18 +349,7 @@ def fit(
         metric = metrics.get("metric")
         if metric is not None and (not best or metric > best.get("metric", -math.inf)):
             best = {"epoch": epoch, **metrics}
-            if rank == 0:
-                save_checkpoint(
-                    run_dir / "model.pt",
-                    {
-                        "format": CHECKPOINT_FORMAT,
-                        "model": _unwrap(model).state_dict(),
-                        "config": task.config,
-                        "extra": task.extra,
-                        "epoch": epoch,
-                        "valid": metrics,
-                    },
-                )
+            save_model(epoch, metrics)
         record = {
             "kind": "epoch",
             "epoch": epoch,
@@ -363,18 +368,8 @@ def fit(
         for group in optimizer.param_groups:
             group["lr"] = lr
         checkpoint(epoch + 1, 0)
-    if task.validate is None and rank == 0:  # no model selection: the last model is the model
-        save_checkpoint(
-            run_dir / "model.pt",
-            {
-                "format": CHECKPOINT_FORMAT,
-                "model": _unwrap(model).state_dict(),
-                "config": task.config,
-                "extra": task.extra,
-                "epoch": config.epochs,
-                "valid": {},
-            },
-        )
+    if task.validate is None:  # no model selection: the last model is the model
+        save_model(config.epochs, {})
     logger.close()
     if created_group:
         dist.barrier()
