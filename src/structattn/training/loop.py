@@ -321,7 +321,12 @@ def fit(
             window_tokens += tokens * world
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{value_f / len(examples):.3f}", lr=f"{schedule.lr:.3g}")
+                rate = window_tokens / max(time.time() - window_start, 1e-9)
+                bar.set_postfix(
+                    loss=f"{value_f / len(examples):.3f}",
+                    lr=f"{schedule.lr:.3g}",
+                    tok_s=f"{rate:.0f}",
+                )
             if step % config.log_every == 0:
                 now = time.time()
                 logger.log(
