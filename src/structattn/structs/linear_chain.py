@@ -12,14 +12,36 @@ from torch import Tensor
 
 from ..semirings import Semiring
 
-__all__ = ["chain_inside", "chain_kbest", "chain_score"]
+__all__ = ["chain_inside", "chain_inside_scan", "chain_kbest", "chain_score"]
+
+
+def _use_scan(n: int, c: int) -> bool:
+    """The parallel scan does O(N C^3) work in O(log N) steps, the forward algorithm O(N C^2)
+    in N steps. Measured on CPU (B = 32, log Z forward + backward), the scan takes 0.25-0.65x
+    the time for C = 2 and N >= 20, 0.4-0.8x for C = 3, 0.56-0.8x for C = 4 and N >= 50, and
+    is slower from C = 6 on."""
+    return (c <= 3 and n >= 16) or (c == 4 and n >= 48)
 
 
 def chain_inside(
-    unary: Tensor, pairwise: Tensor, lengths: Tensor | None, semiring: type[Semiring]
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    semiring: type[Semiring],
+    method: str = "auto",
 ) -> Tensor:
-    """Forward algorithm: ⊕ over label sequences of the sequence score, shape [B]."""
-    n = unary.shape[1]
+    """⊕ over label sequences of the sequence score, shape [B].
+
+    ``method``: ``"sequential"`` (forward algorithm), ``"scan"`` (log-depth parallel scan of
+    the step matrices) or ``"auto"`` (the scan for few labels and long chains).
+    """
+    n, c = unary.shape[1], unary.shape[2]
+    if method == "auto":
+        method = "scan" if _use_scan(n, c) else "sequential"
+    if method == "scan":
+        return chain_inside_scan(unary, pairwise, lengths, semiring)
+    if method != "sequential":
+        raise ValueError(f"`method` must be 'auto', 'sequential' or 'scan', got {method!r}")
     steps_u = unary.unbind(1)  # N x [B, C]
     steps_p = pairwise.unbind(1)  # (N-1) x [B, C, C]
     alpha = steps_u[0]  # [B, C]
@@ -28,6 +50,32 @@ def chain_inside(
         new = semiring.sum(alpha.unsqueeze(-1) + steps_p[i - 1], dim=1) + steps_u[i]
         alpha = new if lengths is None else torch.where((lengths > i).unsqueeze(-1), new, alpha)
     return semiring.sum(alpha, dim=-1)
+
+
+def chain_inside_scan(
+    unary: Tensor, pairwise: Tensor, lengths: Tensor | None, semiring: type[Semiring]
+) -> Tensor:
+    """The same quantity as the forward algorithm, by a log-depth tree of semiring matrix
+    products of the step matrices M_i[a, c] = pairwise[i-1, a, c] + unary[i, c]; padded steps
+    are semiring identities. Exact in every semiring (the sampling semiring's backward draws
+    the middle state of each product given its ends, i.e. exact recursive bisection)."""
+    batch, n, c = unary.shape
+    if n == 1:
+        return semiring.sum(unary[:, 0], dim=-1)
+    eye = torch.full((c, c), float("-inf"), dtype=unary.dtype, device=unary.device)
+    eye.fill_diagonal_(0.0)  # the identity of (⊕, +) matrix products
+    steps = pairwise + unary[:, 1:].unsqueeze(-2)  # [B, N-1, C, C]
+    if lengths is not None:
+        active = torch.arange(1, n, device=unary.device) < lengths.unsqueeze(-1)  # [B, N-1]
+        steps = torch.where(active[..., None, None], steps, eye)
+    while steps.shape[1] > 1:
+        if steps.shape[1] % 2:
+            steps = torch.cat([steps, eye.expand(batch, 1, c, c)], dim=1)
+        left, right = steps[:, 0::2], steps[:, 1::2]  # [B, M/2, C, C]
+        # (left ⊗ right)[a, c] = ⊕_b left[a, b] + right[b, c]
+        steps = semiring.sum(left.unsqueeze(-1) + right.unsqueeze(-3), dim=-2)
+    end = semiring.sum(unary[:, 0].unsqueeze(-1) + steps[:, 0], dim=1)  # [B, C]
+    return semiring.sum(end, dim=-1)
 
 
 def chain_kbest(
