@@ -1,0 +1,154 @@
+"""Question answering over memory facts: MemN2N and SAN's CRF models (Kim et al. 2017, A.4)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import MemoryCRFAttention
+from ..attention._common import masked_softmax
+
+__all__ = ["MEMORY_MODELS", "MemoryQA", "MemoryQAOutput", "position_encoding"]
+
+MEMORY_MODELS = ("memn2n", "unary-crf", "binary-crf")
+
+
+def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
+    """Weights l_kj = (1 - j/J) - (k/d)(1 - 2j/J) of Sukhbaatar et al. (2015), section 4.1.
+
+    ``lengths`` [...] sentence lengths J; returns [..., size, dim] (0 beyond each length).
+    """
+    j = torch.arange(1, size + 1, device=lengths.device, dtype=torch.float32)  # [L]
+    k = torch.arange(1, dim + 1, device=lengths.device, dtype=torch.float32)  # [d]
+    big_j = lengths.clamp_min(1).unsqueeze(-1).float()  # [..., 1]
+    ratio = (j / big_j).unsqueeze(-1)  # [..., L, 1]
+    weights = (1 - ratio) - (k / dim) * (1 - 2 * ratio)  # [..., L, d]
+    real = (j <= big_j).unsqueeze(-1)  # [..., L, 1]
+    return weights * real
+
+
+class MemoryQAOutput(NamedTuple):
+    """Outputs of :class:`MemoryQA`."""
+
+    logits: Tensor  # [B, V] answer scores
+    attention: Tensor  # [B, K, M] p(z_k = i): per-hop softmax (MemN2N) or CRF marginals
+    facts: Tensor  # [B, K] predicted fact per hop: per-hop argmax (MemN2N) or MAP sequence
+
+
+class MemoryQA(nn.Module):
+    r"""End-to-end memory network with K hops, in three flavours (``model``):
+
+    * ``"memn2n"``: p(z_k = i) = softmax_i((x_i^k)^T q_k), c_k = sum_i p o_i^k,
+      q_{k+1} = q_k + c_k, answer softmax(W (q_K + c_K));
+    * ``"unary-crf"``: a K-step linear-chain CRF over the facts with
+      theta_k(i) = (x_i^k)^T q_k and q_{k+1} = Q q_k (:class:`MemoryCRFAttention`), a single
+      context c = sum_k sum_i p(z_k = i) o_i^k, answer softmax(W (q_K + c));
+    * ``"binary-crf"``: adds theta_{k,k+1}(i, j) = (x_i^k)^T x_j^{k+1} and forbids the same
+      fact at consecutive steps.
+
+    Sentences are bags of words with position encoding plus temporal encoding (a learned
+    vector per recency slot); adjacent weight tying: hop k reads keys with embedding E_k and
+    values with E_{k+1}, the question is embedded with E_1 and the answer matrix W is E_{K+1}
+    (as in MemN2N). ``linear_start`` (MemN2N) removes the softmax; for the CRF models
+    ``normalize_potentials`` log-softmaxes the unary potentials (the paper does so after
+    linear start).
+
+    Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
+    ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
+    ``question_lengths`` [B].
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 20,
+        hops: int = 3,
+        memory_size: int = 25,
+        model: str = "memn2n",
+    ) -> None:
+        super().__init__()
+        if model not in MEMORY_MODELS:
+            raise ValueError(f"`model` must be one of {MEMORY_MODELS}, got {model!r}")
+        if hops < 1:
+            raise ValueError(f"`hops` must be >= 1, got {hops}")
+        self.model = model
+        self.hops = hops
+        self.embed_dim = embed_dim
+        self.memory_size = memory_size
+        self.embeddings = nn.ModuleList(
+            nn.Embedding(vocab_size, embed_dim, padding_idx=0) for _ in range(hops + 1)
+        )
+        self.temporal = nn.Parameter(torch.empty(hops + 1, memory_size, embed_dim))
+        self.linear_start = False
+        self.crf = (
+            None
+            if model == "memn2n"
+            else MemoryCRFAttention(embed_dim, hops, binary=model == "binary-crf")
+        )
+        for embedding in self.embeddings:
+            nn.init.normal_(embedding.weight, std=0.1)
+            with torch.no_grad():
+                embedding.weight[0].zero_()
+        nn.init.normal_(self.temporal, std=0.1)
+
+    @property
+    def normalize_potentials(self) -> bool:
+        return self.crf is not None and self.crf.normalize_potentials
+
+    @normalize_potentials.setter
+    def normalize_potentials(self, value: bool) -> None:
+        if self.crf is not None:
+            self.crf.normalize_potentials = value
+
+    def _embed(self, index: int, words: Tensor, lengths: Tensor) -> Tensor:
+        """Position-encoded bag of words: [..., L] ids -> [..., d]."""
+        vectors = self.embeddings[index](words)  # [..., L, d]
+        weights = position_encoding(lengths, words.shape[-1], self.embed_dim).to(vectors.dtype)
+        return (vectors * weights).sum(-2)
+
+    def forward(
+        self,
+        memory: Tensor,
+        sentence_lengths: Tensor,
+        memory_lengths: Tensor,
+        question: Tensor,
+        question_lengths: Tensor,
+    ) -> MemoryQAOutput:
+        batch, slots, _ = memory.shape
+        if slots > self.memory_size:
+            raise ValueError(f"`memory` has {slots} sentences; the model holds {self.memory_size}")
+        mask = torch.arange(slots, device=memory.device) < memory_lengths.unsqueeze(-1)  # [B, M]
+        # temporal slot of sentence i: its recency (0 = most recent)
+        recency = memory_lengths.unsqueeze(-1) - 1 - torch.arange(slots, device=memory.device)
+        recency = recency.clamp(0, self.memory_size - 1)  # [B, M]
+        embedded = torch.stack(
+            [
+                self._embed(k, memory, sentence_lengths) + self.temporal[k][recency]
+                for k in range(self.hops + 1)
+            ]
+        )  # [K+1, B, M, d]: E_k of every sentence
+        embedded = embedded * mask.unsqueeze(-1)
+        q = self._embed(0, question, question_lengths)  # [B, d]
+        answer_matrix = self.embeddings[self.hops].weight  # W^T = E_{K+1}
+        if self.crf is None:
+            weights = []
+            for k in range(self.hops):
+                scores = torch.einsum("bmd,bd->bm", embedded[k], q)
+                if self.linear_start:
+                    p = scores.masked_fill(~mask, 0.0)
+                else:
+                    p = masked_softmax(scores, mask)
+                weights.append(p)
+                q = q + torch.einsum("bm,bmd->bd", p, embedded[k + 1])
+            attention = torch.stack(weights, dim=1)  # [B, K, M]
+            facts = attention.argmax(-1)
+            return MemoryQAOutput(q @ answer_matrix.T, attention, facts)
+        keys = embedded[:-1].transpose(0, 1)  # [B, K, M, d]
+        values = embedded[1:].transpose(0, 1)
+        out = self.crf(q, keys, values, mask)
+        with torch.no_grad():
+            facts = self.crf.decode(q, keys, mask)
+        logits = (out.queries[:, -1] + out.context) @ answer_matrix.T
+        return MemoryQAOutput(logits, out.marginals, facts)

@@ -1,0 +1,95 @@
+"""MemN2N and the CRF QA models of SAN (Appendix A.4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from structattn.models.memory_qa import MemoryQA, position_encoding
+
+
+def _batch(b: int = 3, m: int = 6, length: int = 5, q: int = 4, vocab: int = 30):
+    memory = torch.randint(1, vocab, (b, m, length))
+    sentence_lengths = torch.randint(2, length + 1, (b, m))
+    memory = memory * (torch.arange(length) < sentence_lengths.unsqueeze(-1))
+    memory_lengths = torch.tensor([m, m - 2, 1])[:b]
+    memory = memory * (torch.arange(m) < memory_lengths.unsqueeze(-1)).unsqueeze(-1)
+    question = torch.randint(1, vocab, (b, q))
+    return memory, sentence_lengths, memory_lengths, question, torch.full((b,), q)
+
+
+def test_position_encoding_formula() -> None:
+    enc = position_encoding(torch.tensor([3]), 4, 2)[0]  # J = 3, d = 2
+    for j in range(1, 4):
+        for k in range(1, 3):
+            want = (1 - j / 3) - (k / 2) * (1 - 2 * j / 3)
+            assert enc[j - 1, k - 1].item() == pytest.approx(want)
+    assert (enc[3] == 0).all()  # beyond the sentence
+
+
+@pytest.mark.parametrize("model", ["memn2n", "unary-crf", "binary-crf"])
+def test_shapes_masking_and_gradients(model: str) -> None:
+    net = MemoryQA(30, embed_dim=8, hops=3, memory_size=10, model=model)
+    batch = _batch()
+    out = net(*batch)
+    assert out.logits.shape == (3, 30) and out.attention.shape == (3, 3, 6)
+    assert out.facts.shape == (3, 3)
+    assert (out.attention[2, :, 1:] == 0).all() and (out.facts[2] <= 0).all()
+    torch.testing.assert_close(out.attention[0].sum(-1), torch.ones(3))
+    memory = batch[0].clone()
+    memory[2, 1:] = 7  # change padded sentences
+    torch.testing.assert_close(net(memory, *batch[1:]).logits, out.logits)
+    out.logits.logsumexp(-1).sum().backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_memn2n_one_hop_by_hand() -> None:
+    net = MemoryQA(20, embed_dim=4, hops=1, memory_size=5, model="memn2n").double()
+    memory, sentence_lengths, memory_lengths, question, question_lengths = _batch(1, 3, 4, 3, 20)
+    out = net(memory, sentence_lengths, memory_lengths, question, question_lengths)
+    a, c = net.embeddings[0].weight, net.embeddings[1].weight
+    pe_q = position_encoding(question_lengths, 3, 4).double()[0]
+    q = (a[question[0]] * pe_q).sum(0)
+    keys, values = [], []
+    for i in range(3):
+        pe = position_encoding(sentence_lengths[0, i : i + 1], 4, 4).double()[0]
+        recency = 3 - 1 - i
+        keys.append((a[memory[0, i]] * pe).sum(0) + net.temporal[0, recency])
+        values.append((c[memory[0, i]] * pe).sum(0) + net.temporal[1, recency])
+    p = torch.softmax(torch.stack(keys) @ q, 0)
+    o = p @ torch.stack(values)
+    torch.testing.assert_close(out.logits[0], (q + o) @ c.T)
+    torch.testing.assert_close(out.attention[0, 0], p)
+    net.linear_start = True
+    lin = net(memory, sentence_lengths, memory_lengths, question, question_lengths)
+    torch.testing.assert_close(lin.attention[0, 0], torch.stack(keys) @ q)
+
+
+def test_crf_with_one_hop_is_memn2n_attention() -> None:
+    """K = 1: the CRF's marginals are the softmax over facts, and q_K + c = q + c."""
+    torch.manual_seed(0)
+    crf = MemoryQA(25, embed_dim=6, hops=1, memory_size=8, model="unary-crf")
+    mem = MemoryQA(25, embed_dim=6, hops=1, memory_size=8, model="memn2n")
+    mem.load_state_dict(crf.state_dict(), strict=False)
+    batch = _batch(3, 6, 5, 4, 25)
+    a, b = crf(*batch), mem(*batch)
+    torch.testing.assert_close(a.attention, b.attention)
+    torch.testing.assert_close(a.logits, b.logits)
+
+
+def test_binary_crf_never_repeats_a_fact_and_normalizes() -> None:
+    net = MemoryQA(30, embed_dim=8, hops=3, memory_size=10, model="binary-crf")
+    net.normalize_potentials = True
+    out = net(*_batch())
+    facts = out.facts[:2]
+    assert (facts[:, 1:] != facts[:, :-1]).all()
+    assert torch.isfinite(out.logits).all()
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="model"):
+        MemoryQA(10, model="lstm")
+    net = MemoryQA(30, memory_size=4)
+    with pytest.raises(ValueError, match="memory"):
+        net(*_batch(m=6))
