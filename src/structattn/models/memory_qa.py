@@ -87,11 +87,18 @@ class MemoryQA(nn.Module):
             if model == "memn2n"
             else MemoryCRFAttention(embed_dim, hops, binary=model == "binary-crf")
         )
-        for embedding in self.embeddings:
-            nn.init.normal_(embedding.weight, std=0.1)
+        for k in range(hops + 1):
+            weight = self._embedding(k).weight
+            nn.init.normal_(weight, std=0.1)
             with torch.no_grad():
-                embedding.weight[0].zero_()
+                weight[0].zero_()
         nn.init.normal_(self.temporal, std=0.1)
+
+    def _embedding(self, k: int) -> nn.Embedding:
+        """E_{k+1} (0-based k): the embedding matrix of hop k's keys and hop k-1's values."""
+        embedding = self.embeddings[k]
+        assert isinstance(embedding, nn.Embedding)
+        return embedding
 
     @property
     def normalize_potentials(self) -> bool:
@@ -104,7 +111,7 @@ class MemoryQA(nn.Module):
 
     def _embed(self, index: int, words: Tensor, lengths: Tensor) -> Tensor:
         """Position-encoded bag of words: [..., L] ids -> [..., d]."""
-        vectors = self.embeddings[index](words)  # [..., L, d]
+        vectors = self._embedding(index)(words)  # [..., L, d]
         weights = position_encoding(lengths, words.shape[-1], self.embed_dim).to(vectors.dtype)
         return (vectors * weights).sum(-2)
 
@@ -131,7 +138,7 @@ class MemoryQA(nn.Module):
         )  # [K+1, B, M, d]: E_k of every sentence
         embedded = embedded * mask.unsqueeze(-1)
         q = self._embed(0, question, question_lengths)  # [B, d]
-        answer_matrix = self.embeddings[self.hops].weight  # W^T = E_{K+1}
+        answer_matrix = self._embedding(self.hops).weight  # W^T = E_{K+1}
         if self.crf is None:
             weights = []
             for k in range(self.hops):
