@@ -77,13 +77,10 @@ def tour(seed: int = 0) -> str:
     return text
 
 
-RECIPES = ("tree-transduction",)
-
-
-def _recipe_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+def _commands(sub: Any, name: str, help_text: str) -> Any:
+    """``structattn <name> <recipe> ...``: one sub-parser per recipe (each has its own flags)."""
     parser = sub.add_parser(name, help=help_text)
-    parser.add_argument("recipe", choices=RECIPES, help="experiment")
-    return parser
+    return parser.add_subparsers(dest="recipe", required=True, metavar="RECIPE")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -107,32 +104,34 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tour", help="print a worked example of the inference core")
     p.add_argument("--seed", type=int, default=0, help="random seed")
 
-    p = sub.add_parser("data", help="write a generated data set")
-    p.add_argument("recipe", choices=RECIPES)
+    recipes = _commands(sub, "data", "write a generated data set")
+    p = recipes.add_parser("tree-transduction", help="prefix -> infix formulas (SAN 4.1)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="data seed")
 
-    p = _recipe_parser(sub, "train", "train one model")
+    recipes = _commands(sub, "train", "train one model")
+    p = recipes.add_parser("tree-transduction", help="SAN 4.1: none / simple / structured")
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>/<variant>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_config_arguments(p, TreeTransductionConfig)
 
-    p = _recipe_parser(sub, "eval", "evaluate a trained model on a data file")
+    recipes = _commands(sub, "eval", "evaluate a trained model on a data file")
+    p = recipes.add_parser("tree-transduction", help="per-depth table; predictions JSONL")
     p.add_argument("--checkpoint", required=True, help="run directory (or its model.pt)")
     p.add_argument("--data", required=True, help="file of source<TAB>target lines")
     p.add_argument("--predictions", default=None, help="write one JSON object per example")
     p.add_argument("--beam-size", type=int, default=None, help="default: the run's")
     p.add_argument("--device", default="cpu")
 
-    p = _recipe_parser(
-        sub, "reproduce", "train all variants and print our table beside the paper's"
-    )
+    recipes = _commands(sub, "reproduce", "train all variants; our table beside the paper's")
+    p = recipes.add_parser("tree-transduction", help="Table 1 of SAN")
     p.add_argument("--out", default=None, help="output directory (default runs/<recipe>)")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs in --out")
     p.add_argument("--variants", default="none,simple,structured", help="comma-separated")
     add_config_arguments(p, TreeTransductionConfig, skip={"attention"})
 
-    p = _recipe_parser(sub, "viz", "plot self-attention heatmaps and the MAP parse")
+    recipes = _commands(sub, "viz", "plot attention and structures of trained models")
+    p = recipes.add_parser("tree-transduction", help="Figure 3: heatmaps and the MAP parse")
     p.add_argument(
         "--checkpoint", required=True, help="a run dir, or a dir with simple/ structured/"
     )
