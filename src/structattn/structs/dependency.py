@@ -6,8 +6,11 @@ the score of the arc h -> m; ``lengths`` [B] counts positions including ROOT.
 Charts ([B, N, N], batch first; ``s < t``):
   ``complete[s, t]``   right complete span s..t headed at s;   ``complete[t, s]`` left, head t.
   ``incomplete[s, t]`` arc s -> t spanning s..t;               ``incomplete[t, s]`` arc t -> s.
-Each span width w is one batched step over all N - w spans, reading "stripes" (strided views
-of the charts) of the narrower spans. Time O(B N^3), N sequential steps.
+Each span width w is one batched step over all N - w spans, reading "stripes" [B, 2, N - w, w]
+of the narrower spans. The charts are never materialised: each stripe is rebuilt from the
+previous step's by one ``cat`` (drop a row, add the new width's column), so autograd sees
+no in-place writes and no strided views of a big tensor (whose backward would allocate and
+scatter into a full [B, N, N] chart at every step). Time O(B N^3), N sequential steps.
 """
 
 from __future__ import annotations
@@ -22,18 +25,18 @@ from ..semirings import Semiring
 __all__ = ["eisner_inside", "is_projective", "is_tree", "tree_score"]
 
 
-def _stripe(x: Tensor, n: int, w: int, row: int, col: int, horizontal: bool = True) -> Tensor:
-    """[B, n, w] strided view of a [B, N, N] chart.
-
-    horizontal: ``out[b, i, j] = x[b, row + i, col + i + j]``
-    vertical:   ``out[b, i, j] = x[b, row + i + j, col + i]``
-    """
-    size = x.shape[-1]
-    return x.as_strided(
-        (x.shape[0], n, w),
-        (x.stride(0), size + 1, 1 if horizontal else size),
-        x.storage_offset() + row * size + col,
-    )
+def _skew(arc_scores: Tensor) -> tuple[Tensor, ...]:
+    """Per-width arc scores from one gather: ``out[w][b, 0, s] = arc_scores[b, s + w, s]``
+    (arc t -> s), ``out[w][b, 1, s] = arc_scores[b, s, s + w]`` (arc s -> t), for
+    ``s < N - w`` (entries beyond are padding)."""
+    batch, size, _ = arc_scores.shape
+    pos = torch.arange(size, device=arc_scores.device)
+    start = pos.view(1, 1, size)
+    end = (start + pos.view(size, 1, 1)).clamp_max(size - 1)  # [N(width), 1, N(start)]
+    index = torch.cat([end * size + start, start * size + end], 1)  # [N, 2, N]
+    flat = arc_scores.reshape(batch, size * size)
+    skewed = flat.gather(1, index.view(1, -1).expand(batch, -1))
+    return skewed.view(batch, size, 2, size).unbind(1)
 
 
 def eisner_inside(
@@ -48,32 +51,44 @@ def eisner_inside(
     if lengths is None:
         lengths = torch.full((batch,), size, dtype=torch.long, device=device)
     last = lengths - 1  # [B] index of the last real position
-    complete = arc_scores.new_zeros(batch, size, size)
-    incomplete = arc_scores.new_zeros(batch, size, size)
+    arcs = _skew(arc_scores)
+    if not multiroot:
+        widths = torch.arange(size, device=device)
+        # root_open[w, b, 1, 0]: ROOT's right span of width w is not the whole sentence
+        root_open = torch.zeros(size, batch, 2, size, dtype=torch.bool, device=device)
+        root_open[:, :, 1, 0] = last.unsqueeze(0) != widths.unsqueeze(1)
+    # Stripes [B, 2, n, w] (n = N - w spans of width w, j < w), maintained incrementally:
+    #   comp_s = (complete[i+j, i], complete[i, i+j])
+    #   comp_e = (complete[i+w, i+1+j], complete[i+1+j, i+w])
+    #   inc_s[b, i, j] = incomplete[i, i+1+j];  inc_e[b, i, j] = incomplete[i+w, i+j]
+    comp_s = arc_scores.new_zeros(batch, 2, size - 1, 1)
+    comp_e = comp_s
+    inc_s: Tensor | None = None
+    inc_e: Tensor | None = None
+    tops = []
     for w in range(1, size):
         n = size - w
         # inner[b, s] = ⊕_{s<=k<t} complete[s, k] + complete[t, k+1],  t = s + w   [B, n]
-        inner = semiring.sum(_stripe(complete, n, w, 0, 0) + _stripe(complete, n, w, w, 1), dim=-1)
-        incomplete.diagonal(-w, 1, 2).copy_(inner + arc_scores.diagonal(-w, 1, 2))  # t -> s
-        incomplete.diagonal(w, 1, 2).copy_(inner + arc_scores.diagonal(w, 1, 2))  # s -> t
-        # left complete[t, s] = ⊕_{s<=k<t} complete[k, s] + incomplete[t, k]
-        left = semiring.sum(
-            _stripe(complete, n, w, 0, 0, horizontal=False) + _stripe(incomplete, n, w, w, 0),
-            dim=-1,
-        )
-        complete.diagonal(-w, 1, 2).copy_(left)
+        inner = semiring.sum(comp_s[:, 1] + comp_e[:, 0], dim=-1)
+        inc = inner.unsqueeze(1) + arcs[w][:, :, :n]  # [B, 2, n]: (t -> s, s -> t)
+        new_s = inc[:, 1].unsqueeze(-1)
+        new_e = inc[:, 0].unsqueeze(-1)
+        inc_s = new_s if inc_s is None else torch.cat([inc_s[:, :n], new_s], -1)
+        inc_e = new_e if inc_e is None else torch.cat([new_e, inc_e[:, 1:]], -1)
+        # left  complete[t, s] = ⊕_{s<=k<t} complete[k, s] + incomplete[t, k]
         # right complete[s, t] = ⊕_{s<k<=t} incomplete[s, k] + complete[k, t]
-        right = semiring.sum(
-            _stripe(incomplete, n, w, 0, 1) + _stripe(complete, n, w, 1, w, horizontal=False),
-            dim=-1,
-        )
+        comp = semiring.sum(
+            torch.stack([comp_s[:, 0] + inc_e, inc_s + comp_e[:, 1]], 1), dim=-1
+        )  # [B, 2, n]
         if not multiroot:
             # ROOT's right span may only be closed at the sentence end: one child of ROOT
-            root_open = torch.zeros(batch, n, dtype=torch.bool, device=device)
-            root_open[:, 0] = last != w
-            right = right.masked_fill(root_open, float("-inf"))
-        complete.diagonal(w, 1, 2).copy_(right)
-    return complete[:, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
+            comp = comp.masked_fill(root_open[w, :, :, :n], float("-inf"))
+        tops.append(comp[:, 1, :1])
+        if w < size - 1:
+            comp_s = torch.cat([comp_s[:, :, : n - 1], comp[:, :, : n - 1, None]], -1)
+            comp_e = torch.cat([comp[:, :, 1:, None], comp_e[:, :, 1:]], -1)
+    top = torch.cat(tops, -1)  # [B, N-1]: complete[0, w] for w = 1..N-1
+    return top.gather(1, (last - 1).unsqueeze(-1)).squeeze(-1)
 
 
 def tree_score(arc_scores: Tensor, heads: Tensor, mask: Tensor) -> Tensor:
