@@ -328,3 +328,15 @@ def test_layers_work_under_torch_compile() -> None:
     out = compiled(query, memory, MASK)
     torch.testing.assert_close(out.context, layer(query, memory, MASK).context)
     out.context.sum().backward()
+
+
+@pytest.mark.parametrize("cls", [SoftmaxAttention, SegmentationAttention, MeanFieldAttention])
+def test_memory_layers_name_bad_arguments(cls) -> None:
+    layer = cls(D)
+    memory = torch.randn(2, 5, D)
+    with pytest.raises(ValueError, match="query"):
+        layer(torch.randn(3, D), memory)
+    with pytest.raises(ValueError, match="values"):
+        layer(torch.randn(2, D), memory, values=torch.randn(2, 4, D))
+    with pytest.raises(ValueError, match="mask"):
+        layer(torch.randn(2, D), memory, mask=torch.ones(2, 5))

@@ -36,6 +36,25 @@ def check_mask(mask: Tensor | None, batch: int, size: int, device: torch.device)
     return mask.to(device)
 
 
+def check_attention_inputs(
+    query: Tensor, memory: Tensor, mask: Tensor | None, values: Tensor | None
+) -> tuple[Tensor, bool, Tensor, Tensor, Tensor]:
+    """The shared checks of memory-attention layers.
+
+    Returns (queries [B, Q, Dq], whether Q was added, memory [B, N, Dm], mask [B, N],
+    values [B, N, Dv] (``memory`` when None)); ValueError naming the argument otherwise.
+    """
+    query3, single = as_queries(query)
+    memory = check_memory(memory)
+    batch, n, _ = memory.shape
+    if query3.shape[0] != batch:
+        raise ValueError(f"`query` has batch {query3.shape[0]}, `memory` has {batch}")
+    values = memory if values is None else check_memory(values, "values")
+    if values.shape[:2] != (batch, n):
+        raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
+    return query3, single, memory, check_mask(mask, batch, n, memory.device), values
+
+
 def prefix_lengths(mask: Tensor, minimum: int = 1) -> Tensor:
     """Lengths [B] of a padding mask whose real positions come first (required by chains and
     trees, whose structure depends on position order). Raises ValueError otherwise."""

@@ -20,7 +20,14 @@ import torch
 from torch import Tensor, nn
 
 from ..distributions import LinearChainCRF
-from ._common import as_queries, check_mask, check_memory, masked_softmax, prefix_lengths
+from ._common import (
+    as_queries,
+    check_attention_inputs,
+    check_mask,
+    check_memory,
+    masked_softmax,
+    prefix_lengths,
+)
 from .scorers import Scorer, make_scorer
 
 __all__ = ["AttentionOutput", "SegmentationAttention", "SigmoidAttention", "SoftmaxAttention"]
@@ -58,15 +65,7 @@ class _ScoredAttention(nn.Module):
         mask: Tensor | None = None,
         values: Tensor | None = None,
     ) -> AttentionOutput:
-        query3, single = as_queries(query)
-        memory = check_memory(memory)
-        batch, n, _ = memory.shape
-        if query3.shape[0] != batch:
-            raise ValueError(f"`query` has batch {query3.shape[0]}, `memory` has {batch}")
-        values = memory if values is None else check_memory(values, "values")
-        if values.shape[:2] != (batch, n):
-            raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
-        mask = check_mask(mask, batch, n, memory.device)
+        query3, single, memory, mask, values = check_attention_inputs(query, memory, mask, values)
         scores = self.scorer(memory, query3)  # [B, Q, N]
         weights = self.normalize(scores, mask)  # [B, Q, N]
         context = self.contextualize(weights, values)  # [B, Q, Dv]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..structs.mean_field import mean_field_marginals
-from ._common import as_queries, check_mask, check_memory
+from ._common import check_attention_inputs
 
 __all__ = ["MeanFieldAttention", "MeanFieldAttentionOutput"]
 
@@ -91,11 +91,8 @@ class MeanFieldAttention(nn.Module):
         mask: Tensor | None = None,
         values: Tensor | None = None,
     ) -> MeanFieldAttentionOutput:
-        query3, single = as_queries(query)
-        memory = check_memory(memory)
+        query3, single, memory, mask, values = check_attention_inputs(query, memory, mask, values)
         batch, n, _ = memory.shape
-        mask = check_mask(mask, batch, n, memory.device)
-        values = memory if values is None else check_memory(values, "values")
         queries = query3.shape[1]
         unary, coupling = self.potentials(query3, memory, mask)
         spins = mean_field_marginals(
