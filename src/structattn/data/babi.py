@@ -42,12 +42,12 @@ import operator
 import os
 import random
 import re
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
+from ._vocab import TokenVocabulary
 from .tree_transduction import _atomic_write
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ class BabiBatch:
 
 
 @dataclass(frozen=True)
-class BabiVocabulary:
+class BabiVocabulary(TokenVocabulary):
     """One shared word <-> id map for sentences, questions and answers.
 
     Shared (as in MemN2N) because the adjacent weight tying of appendix A.4 ties the answer
@@ -422,24 +422,7 @@ class BabiVocabulary:
     ([4, 1], 2)
     """
 
-    tokens: tuple[str, ...]  # tokens[i] is the token with id i
-    _index: dict[str, int] = field(init=False, repr=False, compare=False)
-
-    PAD = "<pad>"
-    UNK = "<unk>"
-    SPECIALS = (PAD, UNK)
-
-    def __post_init__(self) -> None:
-        tokens = tuple(self.tokens)
-        if tokens[: len(self.SPECIALS)] != self.SPECIALS:
-            raise ValueError(f"a vocabulary must start with {self.SPECIALS}, got {tokens[:2]}")
-        if not all(isinstance(t, str) and t for t in tokens):
-            raise ValueError("vocabulary tokens must be non-empty strings")
-        if len(set(tokens)) != len(tokens):
-            dup = sorted(t for t, c in Counter(tokens).items() if c > 1)
-            raise ValueError(f"duplicate vocabulary tokens: {dup}")
-        object.__setattr__(self, "tokens", tokens)
-        object.__setattr__(self, "_index", {t: i for i, t in enumerate(tokens)})
+    KIND: ClassVar[str] = "structattn.BabiVocabulary"
 
     @classmethod
     def build(cls, examples: Iterable[BabiExample]) -> BabiVocabulary:
@@ -452,39 +435,9 @@ class BabiVocabulary:
             words.add(ex.answer)
         return cls(cls.SPECIALS + tuple(sorted(words - set(cls.SPECIALS))))
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __contains__(self, token: object) -> bool:
-        return token in self._index
-
-    @property
-    def pad_id(self) -> int:
-        """Id of ``<pad>`` (0)."""
-        return 0
-
-    @property
-    def unk_id(self) -> int:
-        """Id of ``<unk>`` (1)."""
-        return 1
-
-    def encode(self, tokens: Iterable[str]) -> list[int]:
-        """Ids of the tokens; unknown tokens map to :attr:`unk_id`."""
-        return [self._index.get(t, self.unk_id) for t in tokens]
-
     def encode_answer(self, answer: str) -> int:
         """Id of an answer token (``<unk>`` if unseen, which no prediction can match)."""
         return self._index.get(answer, self.unk_id)
-
-    def decode(self, ids: Iterable[int]) -> list[str]:
-        """Tokens of the ids (specials included); ``ValueError`` on an id out of range."""
-        out = []
-        for i in ids:
-            j = operator.index(i)
-            if not 0 <= j < len(self.tokens):
-                raise ValueError(f"id {j} out of range for a vocabulary of {len(self.tokens)}")
-            out.append(self.tokens[j])
-        return out
 
     def encode_batch(self, examples: Sequence[BabiExample]) -> BabiBatch:
         """Pad a batch: memory ``[B, M, L]``, question ``[B, Q]``, answer ``[B]``."""
@@ -513,20 +466,6 @@ class BabiVocabulary:
             question_lengths=torch.tensor([len(row) for row in questions], dtype=torch.long),
             answer=torch.tensor([self.encode_answer(ex.answer) for ex in examples]).long(),
         )
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-ready description (plain strings and lists) for checkpoints."""
-        return {"kind": "structattn.BabiVocabulary", "version": 1, "tokens": list(self.tokens)}
-
-    @classmethod
-    def from_dict(cls, state: Mapping[str, object]) -> BabiVocabulary:
-        """Inverse of :meth:`to_dict`."""
-        if state.get("kind") != "structattn.BabiVocabulary" or state.get("version") != 1:
-            raise ValueError("not a version-1 structattn.BabiVocabulary dict")
-        tokens = state.get("tokens")
-        if not isinstance(tokens, list):
-            raise ValueError("vocabulary dict needs a list of 'tokens'")
-        return cls(tuple(tokens))
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import random
 import re
@@ -39,7 +38,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
+
+from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -589,7 +590,7 @@ def read_splits(data_dir: str | os.PathLike[str]) -> dict[str, list[Pair]]:
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class Vocabulary(TokenVocabulary):
     """Token <-> id map with the special tokens first.
 
     Ids: ``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</s>`` 3, ``$`` 4 (the root symbol the model
@@ -604,27 +605,11 @@ class Vocabulary:
     ['$', '(', '+', '1', '<unk>', ')']
     """
 
-    tokens: tuple[str, ...]  # tokens[i] is the token with id i
-    _index: dict[str, int] = field(init=False, repr=False, compare=False)
-
-    PAD = "<pad>"
-    UNK = "<unk>"
-    BOS = "<s>"
-    EOS = "</s>"
-    ROOT = "$"
-    SPECIALS = (PAD, UNK, BOS, EOS, ROOT)
-
-    def __post_init__(self) -> None:
-        tokens = tuple(self.tokens)
-        if tokens[: len(self.SPECIALS)] != self.SPECIALS:
-            raise ValueError(f"a vocabulary must start with {self.SPECIALS}, got {tokens[:5]}")
-        if not all(isinstance(t, str) and t for t in tokens):
-            raise ValueError("vocabulary tokens must be non-empty strings")
-        if len(set(tokens)) != len(tokens):
-            dup = sorted(t for t, c in Counter(tokens).items() if c > 1)
-            raise ValueError(f"duplicate vocabulary tokens: {dup}")
-        object.__setattr__(self, "tokens", tokens)
-        object.__setattr__(self, "_index", {t: i for i, t in enumerate(tokens)})
+    BOS: ClassVar[str] = "<s>"
+    EOS: ClassVar[str] = "</s>"
+    ROOT: ClassVar[str] = "$"
+    SPECIALS: ClassVar[tuple[str, ...]] = (TokenVocabulary.PAD, TokenVocabulary.UNK, BOS, EOS, ROOT)
+    KIND: ClassVar[str] = "structattn.Vocabulary"
 
     @classmethod
     def build(cls, pairs: Iterable[Pair], min_count: int = 1) -> Vocabulary:
@@ -642,22 +627,6 @@ class Vocabulary:
 
         return cls(cls.SPECIALS + tuple(sorted(kept, key=key)))
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __contains__(self, token: object) -> bool:
-        return token in self._index
-
-    @property
-    def pad_id(self) -> int:
-        """Id of ``<pad>`` (0)."""
-        return 0
-
-    @property
-    def unk_id(self) -> int:
-        """Id of ``<unk>`` (1)."""
-        return 1
-
     @property
     def bos_id(self) -> int:
         """Id of ``<s>`` (2)."""
@@ -672,20 +641,6 @@ class Vocabulary:
     def root_id(self) -> int:
         """Id of the root symbol ``$`` (4)."""
         return 4
-
-    def encode(self, tokens: Iterable[str]) -> list[int]:
-        """Ids of the tokens; unknown tokens map to :attr:`unk_id`."""
-        return [self._index.get(t, self.unk_id) for t in tokens]
-
-    def decode(self, ids: Iterable[int]) -> list[str]:
-        """Tokens of the ids (specials included); ``ValueError`` on an id out of range."""
-        out = []
-        for i in ids:
-            j = operator.index(i)
-            if not 0 <= j < len(self.tokens):
-                raise ValueError(f"id {j} out of range for a vocabulary of {len(self.tokens)}")
-            out.append(self.tokens[j])
-        return out
 
     def encode_batch(
         self,
@@ -709,20 +664,6 @@ class Vocabulary:
         for b, row in enumerate(rows):
             ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)  # [N_b]
         return ids, lengths
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-ready description (plain strings and lists) for checkpoints."""
-        return {"kind": "structattn.Vocabulary", "version": 1, "tokens": list(self.tokens)}
-
-    @classmethod
-    def from_dict(cls, state: Mapping[str, object]) -> Vocabulary:
-        """Inverse of :meth:`to_dict`."""
-        if state.get("kind") != "structattn.Vocabulary" or state.get("version") != 1:
-            raise ValueError("not a version-1 structattn.Vocabulary dict")
-        tokens = state.get("tokens")
-        if not isinstance(tokens, list):
-            raise ValueError("vocabulary dict needs a list of 'tokens'")
-        return cls(tuple(tokens))
 
 
 # ----------------------------------------------------------------------------- CLI hook
