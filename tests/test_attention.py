@@ -155,6 +155,7 @@ def test_memory_crf_against_brute_force(binary: bool) -> None:
         torch.testing.assert_close(out.context[b], context)
         best = seqs[int(scores.argmax())]
         assert layer.decode(query, keys)[b].tolist() == list(best)
+        assert out.distribution.argmax[b].tolist() == list(best)
         top_p, top_seq = layer.topk(query, keys, 3)
         ranked = probs.sort(descending=True).values[:3]
         torch.testing.assert_close(top_p[:, b], ranked)

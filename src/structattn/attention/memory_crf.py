@@ -22,6 +22,7 @@ class MemoryCRFOutput(NamedTuple):
     unary: Tensor  # [B, K, n] theta_k(i)
     pairwise: Tensor | None  # [B, K-1, n, n] (binary model) or None
     queries: Tensor  # [B, K, D] q_1..q_K
+    distribution: LinearChainCRF  # the fact-sequence CRF (argmax, topk, entropy, samples)
 
 
 class MemoryCRFAttention(nn.Module):
@@ -124,7 +125,9 @@ class MemoryCRFAttention(nn.Module):
         values = self._per_step(values, "values")  # [B, K, n, D]
         marginals = crf.marginals  # [B, K, n]
         context = torch.einsum("bkn,bknd->bd", marginals, values)
-        return MemoryCRFOutput(context, marginals, crf.edge_marginals, unary, pairwise, queries)
+        return MemoryCRFOutput(
+            context, marginals, crf.edge_marginals, unary, pairwise, queries, crf
+        )
 
     @torch.no_grad()
     def decode(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:

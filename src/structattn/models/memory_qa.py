@@ -155,7 +155,6 @@ class MemoryQA(nn.Module):
         keys = embedded[:-1].transpose(0, 1)  # [B, K, M, d]
         values = embedded[1:].transpose(0, 1)
         out = self.crf(q, keys, values, mask)
-        with torch.no_grad():
-            facts = self.crf.decode(q, keys, mask)
+        facts = out.distribution.argmax  # MAP fact sequence of the same CRF (no grad)
         logits = (out.queries[:, -1] + out.context) @ answer_matrix.T
         return MemoryQAOutput(logits, out.marginals, facts)
