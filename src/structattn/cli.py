@@ -84,7 +84,9 @@ def _commands(sub: Any, name: str, help_text: str) -> Any:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from .data.babi import PAPER_TASKS
     from .recipes._config import add_config_arguments
+    from .recipes.babi import BabiConfig
     from .recipes.tree_transduction import TreeTransductionConfig
 
     parser = argparse.ArgumentParser(
@@ -114,6 +116,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>/<variant>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_config_arguments(p, TreeTransductionConfig)
+    p = recipes.add_parser("babi", help="SAN 4.3: memn2n / unary-crf / binary-crf, N runs")
+    p.add_argument("--out", default=None, help="output dir (default runs/babi/task_NN/<model>)")
+    p.add_argument("--resume", action="store_true", help="keep finished runs, resume the rest")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes")
+    add_config_arguments(p, BabiConfig)
 
     recipes = _commands(sub, "eval", "evaluate a trained model on a data file")
     p = recipes.add_parser("tree-transduction", help="per-depth table; predictions JSONL")
@@ -122,6 +129,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictions", default=None, help="write one JSON object per example")
     p.add_argument("--beam-size", type=int, default=None, help="default: the run's")
     p.add_argument("--device", default="cpu")
+    p = recipes.add_parser("babi", help="Ans %% and Fact %%; predictions JSONL")
+    p.add_argument(
+        "--checkpoint", required=True, help="a train output dir (its best run) or one run dir"
+    )
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--predictions", default=None, help="write one JSON object per question")
+    p.add_argument("--data-dir", default=None, help="default: the run's")
+    p.add_argument("--device", default="cpu")
 
     recipes = _commands(sub, "reproduce", "train all variants; our table beside the paper's")
     p = recipes.add_parser("tree-transduction", help="Table 1 of SAN")
@@ -129,6 +144,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue unfinished runs in --out")
     p.add_argument("--variants", default="none,simple,structured", help="comma-separated")
     add_config_arguments(p, TreeTransductionConfig, skip={"attention"})
+    p = recipes.add_parser("babi", help="Table 4 of SAN: 12 tasks x 3 models")
+    p.add_argument("--out", default="runs/babi", help="output directory (default runs/babi)")
+    p.add_argument("--resume", action="store_true", help="keep finished runs, resume the rest")
+    p.add_argument("--tasks", default=",".join(map(str, PAPER_TASKS)), help="comma-separated")
+    p.add_argument("--models", default="memn2n,binary-crf,unary-crf", help="comma-separated")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes")
+    add_config_arguments(p, BabiConfig, skip={"task", "model"})
 
     recipes = _commands(sub, "viz", "plot attention and structures of trained models")
     p = recipes.add_parser("tree-transduction", help="Figure 3: heatmaps and the MAP parse")
@@ -137,11 +159,29 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--source", required=True, help='a source expression, e.g. "( + 1 2 )"')
     p.add_argument("--out", default=None, help="output directory (default: the checkpoint dir)")
+    p = recipes.add_parser("babi", help="Figure 5: fact-sequence marginals of a CRF model")
+    p.add_argument("--checkpoint", required=True, help="a train output dir or one run dir")
+    p.add_argument(
+        "--question", type=int, required=True, help="question number in --split (0-based)"
+    )
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--data-dir", default=None, help="default: the run's")
+    p.add_argument("--out", default=None, help="PNG file or directory (default: the checkpoint)")
     return parser
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
     from .recipes._config import config_from_args
+
+    if args.recipe == "babi":
+        from .recipes import babi
+
+        bconfig = config_from_args(babi.BabiConfig, args)
+        out = args.out or babi.default_out(bconfig)
+        summary = babi.train(bconfig, out, resume=args.resume, jobs=args.jobs)
+        shown = {k: v for k, v in summary.items() if k not in ("config", "run_scores")}
+        print(json.dumps({"out": out, **shown}, indent=2))
+        return
     from .recipes.tree_transduction import TreeTransductionConfig, train
 
     config = config_from_args(TreeTransductionConfig, args)
@@ -152,6 +192,26 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
+    if args.recipe == "babi":
+        from dataclasses import replace
+
+        from .recipes import babi
+
+        qa_model, qa_vocab, bconfig = babi.load_trained(args.checkpoint, args.device)
+        if args.data_dir:
+            bconfig = replace(bconfig, data_dir=args.data_dir)
+        splits, _ = babi.load_data(bconfig)
+        qa = babi.evaluate(
+            qa_model, splits[args.split], qa_vocab, args.device, predictions=args.predictions
+        )
+        fact = "-" if qa["fact"] is None else f"{qa['fact']:.1f}"
+        print(
+            f"task {bconfig.task} {bconfig.model} ({args.split}, {qa['questions']} "
+            f"questions): Ans {qa['ans']:.1f}%  Fact {fact}%"
+        )
+        if args.predictions:
+            print(f"predictions written to {args.predictions}")
+        return
     from .data.tree_transduction import read_pairs
     from .recipes.tree_transduction import evaluate, format_table, load_trained
 
@@ -166,16 +226,40 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         print(f"predictions written to {args.predictions}")
 
 
+def _split_list(text: str, name: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"`{name}` is empty")
+    return items
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> None:
     from .recipes._config import config_from_args
+
+    if args.recipe == "babi":
+        from .recipes import babi
+
+        try:
+            tasks = [int(t) for t in _split_list(args.tasks, "--tasks")]
+        except ValueError as error:
+            raise ValueError(f"--tasks must be comma-separated task numbers: {error}") from None
+        models = _split_list(args.models, "--models")
+        bconfig = config_from_args(babi.BabiConfig, args)
+        babi.reproduce(bconfig, args.out, tasks, models, resume=args.resume, jobs=args.jobs)
+        return
     from .recipes.tree_transduction import TreeTransductionConfig, reproduce
 
     config = config_from_args(TreeTransductionConfig, args)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = _split_list(args.variants, "--variants")
     reproduce(config, args.out or "runs/tree-transduction", variants, resume=args.resume)
 
 
 def _cmd_viz(args: argparse.Namespace) -> None:
+    if args.recipe == "babi":
+        from .recipes.babi import visualize as babi_visualize
+
+        print(babi_visualize(args.checkpoint, args.question, args.out, args.split, args.data_dir))
+        return
     from .recipes.tree_transduction import visualize
 
     for path in visualize(args.checkpoint, args.source, args.out):
@@ -215,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tour(seed=args.seed)
         else:
             commands[args.command](args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
         from .training import CheckpointError
 
         if isinstance(error, RuntimeError) and not isinstance(error, CheckpointError):

@@ -528,7 +528,8 @@ def write_predictions(
     """Write one JSON object per question (atomically): ``task``, ``story``,
     ``question_index``, ``answer``, ``predicted_answer``, ``supporting_facts`` and
     ``predicted_facts``; facts are story IDs as in the file (``predicted_facts`` are given as
-    0-based memory indices and converted with :meth:`BabiExample.lines_of`)."""
+    0-based memory indices and converted with :meth:`BabiExample.lines_of`; a negative index,
+    a CRF's "no valid sequence", becomes ``null``)."""
     if not len(examples) == len(predicted_answers) == len(predicted_facts):
         raise ValueError("examples, predicted_answers and predicted_facts differ in length")
     rows = []
@@ -540,7 +541,9 @@ def write_predictions(
             "answer": ex.answer,
             "predicted_answer": answer,
             "supporting_facts": list(ex.support_lines),
-            "predicted_facts": ex.lines_of(facts),
+            "predicted_facts": [
+                None if operator.index(i) < 0 else ex.lines_of([i])[0] for i in facts
+            ],
         }
         rows.append(json.dumps(row) + "\n")
     out = Path(path)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..attention import MemoryCRFAttention
 from ..attention._common import masked_softmax
+from ..distributions import LinearChainCRF
 
 __all__ = ["MEMORY_MODELS", "MemoryQA", "MemoryQAOutput", "position_encoding"]
 
@@ -29,12 +32,21 @@ def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
     return weights * real
 
 
-class MemoryQAOutput(NamedTuple):
+@dataclass(frozen=True)
+class MemoryQAOutput:
     """Outputs of :class:`MemoryQA`."""
 
     logits: Tensor  # [B, V] answer scores
     attention: Tensor  # [B, K, M] p(z_k = i): per-hop softmax (MemN2N) or CRF marginals
-    facts: Tensor  # [B, K] predicted fact per hop: per-hop argmax (MemN2N) or MAP sequence
+    distribution: LinearChainCRF | None  # the fact-sequence CRF (CRF models; None for MemN2N)
+
+    @cached_property
+    def facts(self) -> Tensor:
+        """[B, K] predicted fact per hop: the per-hop argmax (MemN2N) or the MAP sequence of
+        the CRF (Viterbi; computed on first access, so training steps do not pay for it)."""
+        if self.distribution is None:
+            return self.attention.argmax(-1)
+        return self.distribution.argmax
 
 
 class MemoryQA(nn.Module):
@@ -53,7 +65,8 @@ class MemoryQA(nn.Module):
     values with E_{k+1}, the question is embedded with E_1 and the answer matrix W is E_{K+1}
     (as in MemN2N). ``linear_start`` (MemN2N) removes the softmax; for the CRF models
     ``normalize_potentials`` log-softmaxes the unary potentials (the paper does so after
-    linear start).
+    linear start). Both switches are saved in the ``state_dict`` (module extra state), so a
+    checkpoint restores the mode it was trained in.
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -99,6 +112,16 @@ class MemoryQA(nn.Module):
         embedding = self.embeddings[k]
         assert isinstance(embedding, nn.Embedding)
         return embedding
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "linear_start": bool(self.linear_start),
+            "normalize_potentials": self.normalize_potentials,
+        }
+
+    def set_extra_state(self, state: Any) -> None:
+        self.linear_start = bool(state["linear_start"])
+        self.normalize_potentials = bool(state["normalize_potentials"])
 
     @property
     def normalize_potentials(self) -> bool:
@@ -150,11 +173,9 @@ class MemoryQA(nn.Module):
                 weights.append(p)
                 q = q + torch.einsum("bm,bmd->bd", p, embedded[k + 1])
             attention = torch.stack(weights, dim=1)  # [B, K, M]
-            facts = attention.argmax(-1)
-            return MemoryQAOutput(q @ answer_matrix.T, attention, facts)
+            return MemoryQAOutput(q @ answer_matrix.T, attention, None)
         keys = embedded[:-1].transpose(0, 1)  # [B, K, M, d]
         values = embedded[1:].transpose(0, 1)
         out = self.crf(q, keys, values, mask)
-        facts = out.distribution.argmax  # MAP fact sequence of the same CRF (no grad)
         logits = (out.queries[:, -1] + out.context) @ answer_matrix.T
-        return MemoryQAOutput(logits, out.marginals, facts)
+        return MemoryQAOutput(logits, out.marginals, out.distribution)

@@ -60,6 +60,8 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda" ("cuda:N" under torchrun picks LOCAL_RANK)
     progress: bool = True  # show a progress bar (rank 0 only)
     name: str = ""  # prefix of the per-epoch summary lines on stderr
+    epoch_lines: bool = True  # print a summary line per epoch on stderr (rank 0)
+    sum_loss: bool = False  # step on the batch's summed loss, not its mean (MemN2N's convention)
 
 
 class LRSchedule:
@@ -102,7 +104,9 @@ class Task:
     for the same epoch and seed on every rank; ``collate(examples, device)`` makes tensors;
     ``loss(model, batch)`` returns (summed loss, number of examples it sums over, number of
     tokens for throughput); ``validate(model)`` returns metrics including ``"metric"``
-    (higher is better); ``extra`` is saved in every checkpoint (e.g. the vocabulary).
+    (higher is better); ``extra`` is saved in every checkpoint (e.g. the vocabulary);
+    ``on_epoch_start(model, epoch)`` (1-based epoch) runs before each epoch, also the first
+    one after a resume, so schedules such as linear start must depend on ``epoch`` only.
     """
 
     model: nn.Module
@@ -112,6 +116,7 @@ class Task:
     validate: Callable[[nn.Module], dict[str, float]] | None = None
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    on_epoch_start: Callable[[nn.Module, int], None] | None = None
 
 
 # ---- distributed helpers ----------------------------------------------------------------------
@@ -289,6 +294,8 @@ def fit(
 
     started = time.time()
     for epoch in range(start_epoch, config.epochs + 1):
+        if task.on_epoch_start is not None:
+            task.on_epoch_start(_unwrap(model), epoch)
         model.train()
         batches = task.batches(epoch)
         bar = logger.bar(len(batches), start_batch, f"epoch {epoch}/{config.epochs}")
@@ -300,8 +307,8 @@ def fit(
                 raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
             batch = task.collate(local, device)
             loss_sum, _, tokens = task.loss(train_model, batch)
-            # DDP averages gradients over ranks: scale so the result is the global mean
-            loss = loss_sum * (world / len(examples))
+            # DDP averages gradients over ranks: scale so the result is the global mean (sum)
+            loss = loss_sum * (world if config.sum_loss else world / len(examples))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.max_grad_norm is not None:
@@ -365,7 +372,7 @@ def fit(
             **{f"valid_{k}": v for k, v in metrics.items()},
         }
         logger.log(record)
-        if rank == 0:
+        if rank == 0 and config.epoch_lines:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float))
             prefix = f"[{config.name}] " if config.name else ""
             print(f"{prefix}epoch {epoch}/{config.epochs}: {shown}", file=sys.stderr, flush=True)
