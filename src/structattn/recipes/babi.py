@@ -640,9 +640,11 @@ def visualize(
         marginals = result.attention[0, :, :n]
         edges = crf.edge_marginals[0, :, :n, :n]
     labels = [
-        f"{line}: {' '.join(words)}" for line, words in zip(ex.memory_lines, ex.memory, strict=True)
+        f"{' '.join(words)} (line {line})"
+        for line, words in zip(ex.memory_lines, ex.memory, strict=True)
     ]
-    gold = " -> ".join(str(s) for s in ex.support_lines)
+    gold = " -> ".join("?" if i is None else str(i) for i in ex.support)
+    gold_lines = " -> ".join(str(s) for s in ex.support_lines)
     path = Path(out) if out else Path(checkpoint) / f"figure5_{split}_{question}.png"
     if path.suffix == "" or path.is_dir():
         path = path / f"figure5_{split}_{question}.png"
@@ -653,7 +655,7 @@ def visualize(
         fact_labels=labels,
         top_sequences=top,
         question=" ".join(ex.question) + "?",
-        answer=f"{ex.answer} (predicted {predicted}; supporting facts {gold})",
+        answer=f"{ex.answer} (predicted {predicted}); supporting facts {gold} (lines {gold_lines})",
         title=f"bAbI task {config.task}, {MODEL_NAMES[config.model]}, K = {config.steps}",
     )
 
