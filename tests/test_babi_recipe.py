@@ -1,0 +1,220 @@
+"""The bAbI recipe: training through the CLI, selection, predictions, linear start, Figure 5."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from structattn.cli import main
+from structattn.data.babi import answer_accuracy, fact_sequence_accuracy, read_babi
+from structattn.models import MemoryQA
+from structattn.recipes import babi
+from structattn.training import Task, TrainConfig, fit
+
+PEOPLE = ["mary", "john", "sandra", "daniel"]
+PLACES = ["garden", "kitchen", "office", "hallway"]
+
+
+def _story(rng: random.Random) -> list[str]:
+    """A task-2-like story: people move, one picks up an object, where is the object?"""
+    lines: list[str] = []
+    where: dict[str, str] = {}
+    holder = rng.choice(PEOPLE)
+    pick_line = 0
+    for _ in range(rng.randint(3, 6)):
+        person, place = rng.choice(PEOPLE), rng.choice(PLACES)
+        where[person] = place
+        lines.append(f"{person.title()} went to the {place}.")
+    where.setdefault(holder, rng.choice(PLACES))
+    lines.append(f"{holder.title()} got the football there.")
+    pick_line = len(lines)
+    place = rng.choice(PLACES)
+    lines.append(f"{holder.title()} went to the {place}.")
+    move_line = len(lines)
+    numbered = [f"{i} {text}" for i, text in enumerate(lines, start=1)]
+    numbered.append(f"{len(lines) + 1} Where is the football?\t{place}\t{pick_line} {move_line}")
+    return numbered
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("babi")
+    rng = random.Random(0)
+    for split, stories in (("train", 60), ("test", 20)):
+        text = "\n".join(line for _ in range(stories) for line in _story(rng)) + "\n"
+        (root / f"qa2_two-supporting-facts_{split}.txt").write_text(text)
+    return root
+
+
+def _cli(*args: str) -> int:
+    return main(["--threads", "1", *args])
+
+
+@pytest.mark.parametrize("model", ["memn2n", "unary-crf", "binary-crf"])
+def test_cli_train_eval_each_model(model: str, data_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / model
+    common = ["--data-dir", str(data_dir), "--progress", "false", "--batch-size", "8"]
+    args = ["train", "babi", "--task", "2", "--model", model, "--runs", "2", "--epochs", "3"]
+    assert _cli(*args, "--linear-start", "1", "--out", str(out), *common) == 0
+    shown = json.loads(capsys.readouterr().out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert shown["ans"] == summary["ans"] and summary["runs"] == 2 and summary["hops"] == 2
+    assert {r["seed"] for r in summary["run_scores"]} == {0, 1}
+    for run in ("run_00", "run_01"):
+        done = json.loads((out / run / "done.json").read_text())
+        assert done["test"]["questions"] == 20 and 0 <= done["test"]["ans"] <= 100
+        assert (out / run / "model.pt").exists() and (out / run / "metrics.jsonl").exists()
+    # the best run is the best on validation, and Ans % is its test accuracy
+    best = max(summary["run_scores"], key=lambda r: (r["valid"]["ans"], -r["valid"]["loss"]))
+    assert summary["best_run"] == best["run"] and summary["ans"] == best["test"]["ans"]
+
+    # eval: predictions JSONL from which anyone can recompute both metrics
+    predictions = tmp_path / f"{model}.jsonl"
+    assert _cli("eval", "babi", "--checkpoint", str(out), "--predictions", str(predictions)) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert len(rows) == 20
+    keys = {
+        "task",
+        "story",
+        "question_index",
+        "answer",
+        "predicted_answer",
+        "supporting_facts",
+        "predicted_facts",
+    }
+    assert all(set(r) == keys for r in rows)
+    gold = read_babi(data_dir / "qa2_two-supporting-facts_test.txt")
+    for row, ex in zip(rows, gold, strict=True):
+        assert (row["story"], row["question_index"]) == (ex.story, ex.question_index)
+        assert (
+            row["supporting_facts"] == list(ex.support_lines) and len(row["predicted_facts"]) == 2
+        )
+        assert all(line in ex.memory_lines for line in row["predicted_facts"])
+    ans = 100 * answer_accuracy([r["predicted_answer"] for r in rows], [r["answer"] for r in rows])
+    fact = 100 * fact_sequence_accuracy(
+        [r["predicted_facts"] for r in rows], [r["supporting_facts"] for r in rows]
+    )
+    assert f"Ans {ans:.1f}%" in printed and f"Fact {fact:.1f}%" in printed
+    assert ans == pytest.approx(summary["ans"]) and fact == pytest.approx(summary["best_run_fact"])
+
+    # no silent overwrite; --resume keeps finished runs and adds missing ones
+    assert _cli(*args, "--out", str(out), *common) == 2
+    assert "--resume" in capsys.readouterr().err
+    before = (out / "run_00" / "done.json").read_text()
+    more = [*args[:7], "3", *args[8:]]  # --runs 3
+    assert args[6:8] == ["--runs", "2"]
+    assert _cli(*more, "--linear-start", "1", "--out", str(out), "--resume", *common) == 0
+    assert (out / "run_00" / "done.json").read_text() == before
+    assert json.loads((out / "summary.json").read_text())["runs"] == 3
+
+
+def test_reproduce_prints_table_beside_paper(data_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "repro"
+    args = ["reproduce", "babi", "--tasks", "2", "--models", "memn2n,binary-crf"]
+    common = ["--runs", "1", "--epochs", "1", "--data-dir", str(data_dir), "--progress", "false"]
+    assert _cli(*args, "--out", str(out), *common) == 0
+    printed = capsys.readouterr().out
+    assert "MemN2N (paper)" in printed and "87.3 / 46.8" in printed  # Table 4, task 2
+    assert "84.7 / 81.8" in printed and "Unary" not in printed.splitlines()[0]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["results"]["2"]) == {"memn2n", "binary-crf"}
+    assert (out / "table.md").read_text().startswith("|")
+    assert _cli(*args, "--tasks", "2,x", "--out", str(out), *common) == 2
+
+
+def test_summarize_selection_and_fact_mean(tmp_path: Path) -> None:
+    scores = [  # (valid ans, valid loss, test ans, test fact)
+        (80.0, 0.5, 70.0, 10.0),
+        (90.0, 0.9, 60.0, 20.0),
+        (90.0, 0.4, 65.0, 40.0),  # best: ties on accuracy, lower loss
+        (50.0, 0.1, 99.0, 90.0),
+    ]
+    for i, (va, vl, ta, tf) in enumerate(scores):
+        run = tmp_path / f"run_{i:02d}"
+        run.mkdir()
+        record = {
+            "run": run.name,
+            "seed": i,
+            "best_epoch": 1,
+            "seconds": 2.0,
+            "valid": {"ans": va, "loss": vl, "fact": 0.0, "questions": 10},
+            "test": {"ans": ta, "fact": tf, "loss": 1.0, "questions": 10},
+        }
+        (run / "done.json").write_text(json.dumps(record))
+    config = babi.BabiConfig(task=2, fact_runs=2)
+    summary = babi.summarize(tmp_path, config, predictions=False)
+    assert summary is not None
+    assert summary["best_run"] == "run_02" and summary["ans"] == 65.0
+    assert summary["fact"] == pytest.approx((40.0 + 20.0) / 2) and summary["fact_runs"] == 2
+    assert babi.summarize(tmp_path / "empty", config) is None
+
+
+def test_linear_start_schedule_and_state_dict() -> None:
+    for name in ("memn2n", "binary-crf"):
+        model = MemoryQA(12, 4, 2, 5, name)
+        babi.set_linear_start(model, 1, 2)
+        assert model.linear_start == (name == "memn2n") and not model.normalize_potentials
+        state = model.state_dict()
+        babi.set_linear_start(model, 3, 2)
+        assert not model.linear_start and model.normalize_potentials == (name != "memn2n")
+        model.load_state_dict(state)  # the mode travels with the weights
+        assert model.linear_start == (name == "memn2n") and not model.normalize_potentials
+
+
+def test_fit_calls_epoch_hook_and_sum_loss_scales_lr(tmp_path: Path) -> None:
+    """Summed-loss SGD with lr equals mean-loss SGD with lr * batch size (equal batches)."""
+    data = torch.randn(12, 3)
+    target = data @ torch.tensor([1.0, -2.0, 0.5])
+    seen: list[int] = []
+    finals = []
+    for sum_loss, lr in ((True, 0.01), (False, 0.04)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+
+        def loss(m, batch):
+            x, y = batch
+            return ((m(x).squeeze(-1) - y) ** 2).sum(), len(y), len(y)
+
+        task = Task(
+            model=model,
+            batches=lambda epoch: [list(range(i, i + 4)) for i in (0, 4, 8)],
+            collate=lambda idx, dev: (data[idx], target[idx]),
+            loss=loss,
+            on_epoch_start=lambda m, epoch: seen.append(epoch),
+        )
+        config = TrainConfig(epochs=2, lr=lr, progress=False, sum_loss=sum_loss, epoch_lines=False)
+        fit(task, config, tmp_path / str(sum_loss))
+        finals.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert seen == [1, 2, 1, 2]
+    assert torch.allclose(finals[0], finals[1], atol=1e-6)
+
+
+def test_viz_figure5(data_dir: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    common = ["--data-dir", str(data_dir), "--progress", "false", "--runs", "1", "--epochs", "1"]
+    for model in ("binary-crf", "memn2n"):
+        out = tmp_path / model
+        assert _cli("train", "babi", "--model", model, "--out", str(out), *common) == 0
+    capsys.readouterr()
+    png = tmp_path / "fig.png"
+    args = ["viz", "babi", "--checkpoint", str(tmp_path / "binary-crf"), "--question", "3"]
+    assert _cli(*args, "--out", str(png)) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert _cli("viz", "babi", "--checkpoint", str(tmp_path / "memn2n"), "--question", "0") == 2
+    assert "MemN2N" in capsys.readouterr().err
+    assert _cli(*args[:-1], "999") == 2
+
+
+def test_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model"):
+        babi.BabiConfig(model="lstm").check()
+    with pytest.raises(ValueError, match="runs"):
+        babi.BabiConfig(runs=0).check()
+    with pytest.raises(FileNotFoundError):
+        babi.train(replace(babi.BabiConfig(), data_dir=str(tmp_path)), tmp_path / "out")
