@@ -55,6 +55,7 @@ __all__ = [
     "BabiConfig",
     "build_model",
     "evaluate",
+    "format_runs",
     "format_table",
     "load_trained",
     "reproduce",
@@ -535,6 +536,22 @@ def format_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
     return "\n".join([line(header), sep, *(line(r) for r in rows), "", note])
 
 
+def format_runs(results: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """Markdown table: runs finished per task and model, and the mean seconds per run."""
+    models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
+    lines = [
+        "| Task | " + " | ".join(f"{MODEL_NAMES[m]} runs, s/run" for m in models) + " |",
+        "|---|" + "---|" * len(models),
+    ]
+    for task in sorted(results):
+        cells = []
+        for m in models:
+            r = results[task].get(m)
+            cells.append(f"{r['runs']}, {r['seconds_per_run']:.1f}" if r else "-")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def reproduce(
     config: BabiConfig,
     out_dir: str | Path,
@@ -576,7 +593,8 @@ def reproduce(
             "results": {str(t): r for t, r in results.items()},
         }
         _atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
-        _atomic_write(out_dir / "table.md", format_table(results) + "\n")
+        text = format_table(results) + "\n\n" + format_runs(results) + "\n"
+        _atomic_write(out_dir / "table.md", text)
 
     def on_done(cell_config: BabiConfig, run_dir: Path) -> None:
         summary = summarize(run_dir.parent, cell_config, predictions=False)
@@ -596,6 +614,8 @@ def reproduce(
             results.setdefault(task, {})[model] = summary
     write_results()
     print(format_table(results))
+    print()
+    print(format_runs(results))
     return results
 
 

@@ -110,42 +110,93 @@ def _swap(arc_scores: Tensor, i: Tensor, j: Tensor) -> Tensor:
 
 
 # ---- log-partition: fast path (LU of the rescaled Laplacian) --------------------------------
-def _laplacian(weights: Tensor, padding: Tensor, multiroot: bool) -> Tensor:
-    r"""Laplacian [B, n, n] of the words from ``weights`` [B, N, n] (row 0: root weights
-    rho, rows 1..: w_{hm}; zero on the diagonal and at padding) and ``padding`` [B, n]
-    (1.0 at padding words: their rows and columns become those of the identity).
+# The words' Laplacian is a linear map of the weights, L = Phi(W), with W [B, N, n] holding
+# the weights of the arcs into the n words (row 0: ROOT). Then d log det L = <L^{-T}, Phi(dW)>
+# = <Phi*(L^{-T}), dW>, so the marginals are mu = W * Phi*(L^{-T}) (Koo et al. 2007), and for
+# a loss with gradient G on mu (the training path of structured attention):
+#   d loss / d scores = G * mu - W * Phi*(Y A Y)^T,  Y = L^{-1},  A = Phi(G * W)
+# (two batched matmuls), which _TreeMarginals implements by hand.
+def _laplacian(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tensor:
+    r"""Laplacian [B, n, n] of the words, :math:`\Phi(W)` (differentiable), from ``weights``
+    [B, N, n] (row 0: root weights rho, rows 1..: w_{hm}; zero on the diagonal and at
+    padding) plus ``padding`` [B, n] on the diagonal (1.0 at padding words: their rows and
+    columns become those of the identity; None: nothing added).
 
-    Multi-root: :math:`L = \mathrm{diag}(\rho + \sum_h w_{h\cdot}) - w`. One root
-    child (Koo et al. 2007): rho off the diagonal and the first row replaced by rho."""
+    Multi-root: :math:`L = \mathrm{diag}(\rho + \sum_h w_{h\cdot}) - w`. One root child
+    (Koo et al. 2007): rho off the diagonal and the first row replaced by rho."""
     words = weights[:, 1:]  # [B, n, n]
     incoming = (weights if multiroot else words).sum(1)  # [B, n] column sums
-    lap = torch.diag_embed(incoming + padding) - words  # [B, n, n]
+    if padding is not None:
+        incoming = incoming + padding
+    lap = torch.diag_embed(incoming) - words  # [B, n, n]
     if not multiroot:
         lap = torch.cat([weights[:, :1], lap[:, 1:]], 1)  # first row := rho
     return lap
 
 
-def _laplacian_marginals(weights: Tensor, inverse: Tensor, multiroot: bool) -> Tensor:
-    r"""Marginals [B, N, n] (rows: ROOT then the words; columns: the words) from the weights
-    [B, N, n] and the inverse Laplacian [B, n, n].
+def _laplacian_fast(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tensor:
+    """:func:`_laplacian` in three in-place ops (not differentiable)."""
+    lap = weights[:, 1:].neg()  # [B, n, n]
+    incoming = (weights if multiroot else weights[:, 1:]).sum(1)  # [B, n]
+    if padding is not None:
+        incoming += padding
+    lap.diagonal(dim1=1, dim2=2).add_(incoming)
+    if not multiroot:
+        lap[:, 0] = weights[:, 0]
+    return lap
 
-    With :math:`X = L^{-T}`, :math:`\mu_{hm} = w_{hm}\,\partial \log\det L / \partial w_{hm}`:
-    multi-root :math:`\mu_{0m} = \rho_m X_{mm}`, :math:`\mu_{hm} = w_{hm}(X_{mm} - X_{hm})`;
-    one root child :math:`\mu_{0m} = \rho_m X_{1m}`,
-    :math:`\mu_{hm} = w_{hm}([m \ne 1] X_{mm} - [h \ne 1] X_{hm})` (word 1 = first row)."""
-    trans = inverse.transpose(1, 2)  # [B, n, n] X = L^{-T}
-    diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n] X_mm
+
+def _weighted_adjoint(weights: Tensor, inverse: Tensor, multiroot: bool) -> Tensor:
+    r""":math:`W \odot \Phi^*(Y^T)`, shape [B, N, n], from ``weights`` W [B, N, n] and ``inverse``
+    Y [B, n, n], in differentiable ops. With :math:`Y = L^{-1}` these are the marginals:
+    multi-root :math:`\mu_{0m} = \rho_m Y_{mm}`, :math:`\mu_{hm} = w_{hm}(Y_{mm} - Y_{mh})`;
+    one root child :math:`\mu_{0m} = \rho_m Y_{m1}`,
+    :math:`\mu_{hm} = w_{hm}([m \ne 1] Y_{mm} - [h \ne 1] Y_{mh})` (word 1 = first row)."""
+    trans = inverse.transpose(1, 2)  # [B, n, n]
+    diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
     if multiroot:
         coef = torch.cat([diag, diag - trans], 1)  # [B, N, n]
     else:
-        diag = torch.cat([torch.zeros_like(diag[..., :1]), diag[..., 1:]], -1)  # X_11 unused
+        diag = torch.cat([torch.zeros_like(diag[..., :1]), diag[..., 1:]], -1)  # Y_11 unused
         coef = torch.cat([trans[:, :1], diag, diag - trans[:, 1:]], 1)  # [B, N, n]
     return weights * coef
 
 
+def _weighted_adjoint_into(
+    out: Tensor, weights: Tensor, inverse: Tensor, multiroot: bool
+) -> Tensor:
+    """:func:`_weighted_adjoint` written into ``out[:, :, 1:]`` ([B, N, N], any float dtype;
+    column 0 is left as is) with one temporary (not differentiable)."""
+    trans = inverse.transpose(1, 2)  # [B, n, n]
+    diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
+    if multiroot:
+        torch.mul(weights[:, :1], diag, out=out[:, :1, 1:])
+        torch.mul(weights[:, 1:], diag - trans, out=out[:, 1:, 1:])
+    else:
+        torch.mul(weights[:, :1], trans[:, :1], out=out[:, :1, 1:])
+        coef = diag - trans  # [B, n, n]
+        coef[:, 0] = diag[:, 0]  # arcs from word 1 (the replaced row): no Y_mh term
+        coef[:, 1:, 0] -= diag[:, :, 0]  # arcs into word 1: no Y_11 term
+        torch.mul(weights[:, 1:], coef, out=out[:, 1:, 1:])
+    return out
+
+
+def _rescaled_weights(scores: Tensor, real: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(W [B, N, n] float64, shift [B, 1, n]): ``W = exp(s - shift)`` for the arcs into the
+    words (0 at self loops and padding), ``shift[m]`` the best score into word m (0 if it has
+    no arc), so every real column's largest weight is 1. ``real`` [B, N] (None: no padding).
+    Not differentiable."""
+    work = scores.detach()[:, :, 1:].to(torch.float64, copy=True)  # [B, N, n]
+    work.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: work[:, m, m - 1]
+    if real is not None:
+        work.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
+    shift = work.amax(1, keepdim=True).nan_to_num_(neginf=0.0)  # [B, 1, n]
+    return work.sub_(shift).exp_(), shift
+
+
 class _KnownInverse(torch.autograd.Function):
-    """``matrix -> inverse`` where the inverse was already computed (by the LU of the
-    forward pass); backward :math:`-X^T G X^T` in differentiable ops, so any order works."""
+    """``matrix -> inverse`` where the inverse is already known (from the LU of the forward
+    pass); backward :math:`-Y^T G Y^T` in differentiable ops, so any order works."""
 
     @staticmethod
     def forward(ctx: Any, matrix: Tensor, inverse: Tensor) -> Tensor:
@@ -160,63 +211,113 @@ class _KnownInverse(torch.autograd.Function):
         return -(trans @ grad @ trans), None
 
 
+def _padding(real: Tensor | None) -> Tensor | None:
+    """[B, n] float64, 1.0 at padding words (None without padding)."""
+    return None if real is None else (~real[:, 1:]).to(torch.float64)
+
+
+class _TreeMarginals(torch.autograd.Function):
+    """Marginals [B, N, N] (input dtype) from the saved weights and inverse Laplacian of
+    :class:`_MatrixTreeLU`; backward by the closed form above (two batched matmuls). When
+    that backward is itself differentiated (third order), it is rebuilt from differentiable
+    ops on the scores, with the known inverse."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        scores: Tensor,
+        weights: Tensor,
+        inverse: Tensor,
+        real: Tensor | None,
+        keep: Tensor | None,
+        multiroot: bool,
+    ) -> Tensor:
+        out = scores.new_zeros(scores.shape)  # [B, N, N]
+        _weighted_adjoint_into(out, weights, inverse, multiroot)
+        ctx.save_for_backward(scores, weights, inverse, real, keep, out)
+        ctx.multiroot = multiroot
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        scores, weights, inverse, real, keep, marginals = ctx.saved_tensors
+        multiroot = ctx.multiroot
+        none = (None, None, None, None, None)
+        if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
+            batch, size, _ = scores.shape
+            arcs = _arc_mask(length_mask(None, batch, size, scores.device) if real is None else real)
+            masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
+            shift = masked.detach().amax(1, keepdim=True).nan_to_num(neginf=0.0)
+            live = (masked - shift).exp()  # [B, N, n]
+            if keep is not None:
+                live = live * keep[:, None, None]
+            inverse = _KnownInverse.apply(_laplacian(live, _padding(real), multiroot), inverse)
+            lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
+            adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
+            adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
+            return grad * marginals - adj, *none
+        # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T)
+        lap = _laplacian_fast(grad[:, :, 1:] * weights, None, multiroot)  # [B, n, n]
+        out = scores.new_empty(scores.shape)  # [B, N, N]
+        out[:, :, 0] = 0.0
+        _weighted_adjoint_into(out, weights, inverse @ lap @ inverse, multiroot)
+        return out.neg_().addcmul_(grad, marginals), *none
+
+
 class _MatrixTreeLU(torch.autograd.Function):
     r"""log Z by an LU factorisation of the column-rescaled Laplacian, in float64.
 
-    Input: ``scores`` [B, N, N] with ``-inf`` at every non-arc (column 0, diagonal, padding).
-    Output: (log Z [B] in the input dtype, ``bad`` [B] bool). Column m of L holds only
-    weights of arcs into m, so subtracting :math:`c_m = \max_h s_{hm}` from that column
-    rescales det L by :math:`e^{-c_m}` exactly. ``bad`` marks the items where this is not
-    trustworthy (non-finite, non-positive determinant, or 1-norm condition number above
-    ``max_cond``); their log Z is 0 here with zero gradient, for the caller to replace.
-
-    The backward gives the marginals in closed form from the saved inverse; when it is
-    itself differentiated (``create_graph``) it is rebuilt from differentiable ops with the
-    same inverse (:class:`_KnownInverse`), so derivatives of any order are exact.
+    Input: ``scores`` [B, N, N] (non-arcs are masked here), ``real`` [B, N] (None: no
+    padding). Output: (log Z [B] in the input dtype, ``bad`` [B] bool). Column m of L holds
+    only weights of arcs into m, so subtracting :math:`c_m = \max_h s_{hm}` from that column
+    rescales det L by :math:`e^{-c_m}` exactly. ``bad`` marks the items where the result is
+    not trustworthy: singular (no tree) or 1-norm condition number above ``max_cond`` (huge
+    score ranges, nearly disconnected words); their log Z is 0 here with zero gradient, for
+    the caller to replace. When the condition number is small, the computed determinant is
+    accurate, hence positive like Z, and no sign check is needed.
+    The backward gives the marginals in closed form from the inverse (:class:`_TreeMarginals`).
     """
 
     @staticmethod
     def forward(
-        ctx: Any, scores: Tensor, padding: Tensor, multiroot: bool, max_cond: float
+        ctx: Any, scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float
     ) -> tuple[Tensor, Tensor]:
-        work = scores.detach()[:, :, 1:].to(torch.float64)  # [B, N, n] arcs into words
-        shift = work.amax(1, keepdim=True)  # [B, 1, n] c_m (-inf: padding or no head)
-        shift = shift.masked_fill(torch.isneginf(shift), 0.0)
-        weights = (work - shift).exp_()  # [B, N, n], each real column's max is 1
-        lap = _laplacian(weights, padding, multiroot)  # [B, n, n]
-        factor, pivots, info = torch.linalg.lu_factor_ex(lap)
+        weights, shift = _rescaled_weights(scores, real)  # [B, N, n], [B, 1, n]
+        lap = _laplacian_fast(weights, _padding(real), multiroot)  # [B, n, n]
+        factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
         eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
         inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
-        diag = factor.diagonal(dim1=1, dim2=2)  # [B, n] U_ii
-        swaps = (pivots != torch.arange(1, lap.shape[-1] + 1, device=lap.device)).sum(-1)
-        negative = ((diag < 0).sum(-1) + swaps) % 2 == 1  # det L < 0
-        cond = lap.abs().sum(1).amax(-1) * inverse.abs().sum(1).amax(-1)  # [B] 1-norms
-        logdet = diag.abs().log().sum(-1) + shift.squeeze(1).sum(-1)  # [B]
-        bad = (info != 0) | negative | ~(cond <= max_cond) | ~torch.isfinite(logdet)
-        keep = ~bad
-        inverse = torch.where(keep[:, None, None], inverse, eye)
-        weights = weights * keep[:, None, None]
-        ctx.save_for_backward(scores, shift, weights, inverse, padding, keep)
+        # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
+        norm = weights.sum(1).amax(-1)  # [B]
+        if not multiroot:  # (multi-root L is an M-matrix: its inverse is >= 0)
+            inverse_abs = inverse.abs()
+        inv_norm = (inverse if multiroot else inverse_abs).sum(1).amax(-1)  # [B]
+        keep = (norm * inv_norm).mul_(2) <= max_cond  # False if NaN (singular)
+        logdet = factor.diagonal(dim1=1, dim2=2).abs().log_().sum(-1)
+        logdet += shift.sum((1, 2))  # [B]
+        bad = ~keep
+        saved_keep: Tensor | None = None
+        if bool(bad.any()):  # their gradient must be 0 (the caller recomputes them)
+            inverse = torch.where(keep[:, None, None], inverse, eye)
+            weights = weights * keep[:, None, None]
+            logdet = logdet.masked_fill(bad, 0.0)
+            saved_keep = keep
+        ctx.save_for_backward(scores, weights, inverse, real, saved_keep)
         ctx.multiroot = multiroot
         ctx.mark_non_differentiable(bad)
-        return (logdet * keep).to(scores.dtype), bad
+        return logdet.to(scores.dtype), bad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
-        scores, shift, weights, inverse, padding, keep = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph: rebuild the marginals differentiably
-            live = (scores[:, :, 1:].to(torch.float64) - shift).exp()  # [B, N, n]
-            live = live * keep[:, None, None]
-            lap = _laplacian(live, padding, ctx.multiroot)
-            marg = _laplacian_marginals(live, _KnownInverse.apply(lap, inverse), ctx.multiroot)
-        else:
-            marg = _laplacian_marginals(weights, inverse, ctx.multiroot)
-        marg = torch.nn.functional.pad(marg.to(scores.dtype), (1, 0))  # [B, N, N]
-        return grad[:, None, None] * marg, None, None, None
+        scores, weights, inverse, real, keep = ctx.saved_tensors
+        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
+        if torch.is_grad_enabled():
+            return grad[:, None, None] * marginals, None, None, None
+        return marginals.mul_(grad[:, None, None]), None, None, None
 
 
 #: largest 1-norm condition number of the rescaled Laplacian for which the LU path is used,
-#: by input dtype (float64 arithmetic throughout: relative error ~ cond * 1e-16)
+#: by input dtype; float64 arithmetic throughout, measured marginal error ~ cond * 4e-16
 _MAX_COND = {torch.float64: 1e4}
 _MAX_COND_DEFAULT = 1e7
 
@@ -270,15 +371,15 @@ def matrix_tree_log_partition(
     log-space elimination (:func:`_eliminate`, N sequential steps).
     """
     batch, size, _ = arc_scores.shape
-    real = length_mask(lengths, batch, size, arc_scores.device)  # [B, N]
-    scores = arc_scores.masked_fill(~_arc_mask(real), _NEG_INF)  # [B, N, N]
-    padding = (~real[:, 1:]).to(torch.float64)  # [B, n]
+    device = arc_scores.device
+    real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
-    logz, bad = _MatrixTreeLU.apply(scores, padding, multiroot, max_cond)
+    logz, bad = _MatrixTreeLU.apply(arc_scores, real, multiroot, max_cond)
     if bool(bad.any()):
         index = bad.nonzero().squeeze(1)  # [K] items for the exact elimination
-        exact = _eliminate(scores.index_select(0, index), real.index_select(0, index), multiroot)
-        logz = logz.index_copy(0, index, exact)
+        sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
+        scores = arc_scores.index_select(0, index).masked_fill(~_arc_mask(sub), _NEG_INF)
+        logz = logz.index_copy(0, index, _eliminate(scores, sub, multiroot))
     return logz
 
 
