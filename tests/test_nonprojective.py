@@ -329,6 +329,90 @@ def test_float32_neg_inf_arcs_match_enumeration(multiroot: bool) -> None:
         assert dist.argmax[b].tolist() == ref.argmax
 
 
+# ---- the LU fast path and the exact elimination agree ---------------------------------------
+def _by_elimination(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+    """log Z [B] by the exact log-space elimination alone (the fallback path)."""
+    batch, size, _ = scores.shape
+    real = nonprojective.length_mask(lengths, batch, size, scores.device)
+    masked = scores.masked_fill(~nonprojective._arc_mask(real), NEG_INF)
+    return nonprojective._eliminate(masked, real, multiroot)
+
+
+def _lu_items(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+    """BoolTensor [B]: the items that the LU fast path keeps (not sent to the fallback)."""
+    batch, size, _ = scores.shape
+    real = None if lengths is None else nonprojective.length_mask(lengths, batch, size, "cpu")
+    limit = nonprojective._MAX_COND.get(scores.dtype, nonprojective._MAX_COND_DEFAULT)
+    _, bad = nonprojective._MatrixTreeLU.apply(scores, real, multiroot, limit)
+    return ~bad
+
+
+@MULTIROOT
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_lu_path_matches_elimination_to_second_order(multiroot: bool, padded: bool) -> None:
+    gen = torch.Generator().manual_seed(14)
+    batch, size = 6, 15
+    scores = torch.randn(batch, size, size, dtype=torch.float64, generator=gen) * 2
+    scores[1] = chain_kept(scores[1], 0.5, gen)  # -inf arcs, still well conditioned
+    lengths = torch.tensor([15, 9, 2, 15, 3, 12]) if padded else None
+    assert _lu_items(scores, lengths, multiroot).all()  # all on the fast path
+    weights = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
+    results = []
+    for fn in (nonprojective.matrix_tree_log_partition, _by_elimination):
+        x = scores.clone().requires_grad_(True)
+        logz = fn(x, lengths, multiroot)
+        (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad((marginals * weights).sum(), x)
+        results.append((logz.detach(), marginals.detach(), second))
+    for fast, exact in zip(*results, strict=True):
+        torch.testing.assert_close(fast, exact, rtol=0, atol=1e-10)
+
+
+@MULTIROOT
+def test_lu_path_float32_matches_float64(multiroot: bool) -> None:
+    gen = torch.Generator().manual_seed(15)
+    scores = torch.randn(8, 40, 40, dtype=torch.float64, generator=gen)
+    weights = torch.randn(8, 40, 40, dtype=torch.float64, generator=gen)
+    lengths = torch.randint(20, 41, (8,), generator=gen)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        x = scores.to(dtype).requires_grad_(True)
+        dist = NonProjectiveDependencyCRF(x, lengths, multiroot)
+        (second,) = torch.autograd.grad((dist.marginals * weights.to(dtype)).sum(), x)
+        results.append((dist.log_partition.double(), dist.marginals.double(), second.double()))
+    (logz32, marg32, grad32), (logz64, marg64, grad64) = results
+    torch.testing.assert_close(logz32, logz64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(marg32, marg64, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad32, grad64, rtol=0, atol=1e-5 * float(grad64.abs().max()))
+
+
+@MULTIROOT
+def test_ill_conditioned_items_fall_back_per_item(multiroot: bool) -> None:
+    """A batch mixing well- and ill-conditioned items and items with no tree: each item's
+    log Z, marginals and second-order gradient are those of the exact elimination."""
+    gen = torch.Generator().manual_seed(16)
+    batch, size = 5, 9
+    scores = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
+    scores[1] *= 300.0  # huge score range (on either path, depending on the best heads)
+    scores[2, :, 4] = NEG_INF  # word 4 has no head: no tree
+    scores[3, 0, 1:] -= 60.0  # ROOT arcs e^-60 below the others: ill-conditioned
+    lengths = torch.tensor([9, 9, 9, 7, 5])
+    lu = _lu_items(scores, lengths, multiroot)
+    assert lu[[0, 4]].all() and not lu[[2, 3]].any()
+    weights = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
+    results = []
+    for fn in (nonprojective.matrix_tree_log_partition, _by_elimination):
+        x = scores.clone().requires_grad_(True)
+        logz = fn(x, lengths, multiroot)
+        (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad((marginals * weights).sum(), x)
+        results.append((logz.detach(), marginals.detach(), second))
+    assert torch.isneginf(results[0][0][2]) and torch.isfinite(results[0][0][[0, 1, 3, 4]]).all()
+    for fast, exact in zip(*results, strict=True):
+        torch.testing.assert_close(fast, exact, rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(results[0][1]).all() and torch.isfinite(results[0][2]).all()
+
+
 # ---- beyond enumeration: dense determinant and root-by-root MAP ----------------------------
 @MULTIROOT
 def test_matches_dense_determinant(multiroot: bool) -> None:

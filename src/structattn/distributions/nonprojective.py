@@ -30,11 +30,12 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
     (``multiroot=False``) :math:`Z = \sum_r \rho_r T_r`, :math:`T_r` the weight of the trees of
     the words rooted at r (Koo et al.'s determinant: :math:`\rho` off the diagonal, first row
     replaced by :math:`\rho`).
-    The determinant is taken by subtraction-free Gaussian elimination in log space (see
-    :mod:`structattn.structs.nonprojective`): exact ``-inf`` handling and no overflow or
-    cancellation at any score scale (an LU of ``exp(scores - column max)`` is singular to
-    working precision once score gaps reach ~100 in float32, ~700 in float64). Marginals are
-    the autograd gradient of log Z (differentiable again); entropy is
+    The determinant is the LU of the column-rescaled Laplacian in float64, with marginals
+    and their gradient in closed form from its inverse; items where that is ill-conditioned
+    (no tree, huge score ranges) are recomputed, per item, by subtraction-free Gaussian
+    elimination in log space (see :mod:`structattn.structs.nonprojective`): exact ``-inf``
+    handling and no overflow or cancellation at any score scale. Marginals are the gradient
+    of log Z (differentiable again, to any order); entropy is
     ``log Z - sum(marginals * scores)``.
 
     Args:
@@ -53,9 +54,11 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
     (zero) gradients, ``entropy = 0``, ``max_score = -inf`` and ``-1`` in ``argmax`` and
     samples; no error is raised.
 
-    Complexity: log Z, marginals and entropy O(B N^3) time in N sequential steps (memory
-    O(B N^3) when differentiated); argmax O(B N^2) per contraction round, at most N - 1 rounds
-    (one host sync each); ``sample(n)`` O(n B N^4) in N sequential conditioning steps.
+    Complexity: log Z, marginals and entropy O(B N^3) time: a batched LU and inverse (and two
+    batched matmuls for a loss on the marginals), memory O(B N^2); items on the fallback take
+    N sequential steps (memory O(B N^3) when differentiated); argmax O(B N^2) per
+    contraction round, at most N - 1 rounds (one host sync each); ``sample(n)`` O(n B N^4)
+    in N sequential conditioning steps.
 
     Example:
         >>> tree = NonProjectiveDependencyCRF(torch.randn(2, 6, 6), lengths=torch.tensor([6, 4]))

@@ -16,13 +16,23 @@ has :math:`\det L = Z`, the sum over all arborescences rooted at ROOT of
 words rooted at r (Koo et al.: the determinant of the Laplacian without :math:`\rho` on its
 diagonal and with its first row replaced by :math:`\rho`).
 
-**Subtraction-free log-space elimination (GTH).** ``det L`` is not computed by an LU
-factorisation of ``exp(scores - column max)``: once score gaps exceed ~100 in float32 (~700 in
-float64) that matrix is singular to working precision (each column keeps only its best head;
-when the best heads form a cycle the determinant rounds to 0, log Z to -inf, its gradient NaN).
-Instead, L is an M-matrix with column sums :math:`\rho`, and Gaussian elimination can be
-written on the off-diagonal weights and the column sums alone (Grassmann-Taksar-Heyman):
-eliminating word k with pivot :math:`p_k = \rho_k + \sum_{i} w_{ik}` gives
+**Fast path: LU of the rescaled Laplacian.** Column m of L holds only weights of arcs into
+m, so dividing it by :math:`e^{c_m}`, :math:`c_m = \max_h s_{hm}`, rescales det L by
+:math:`e^{-\sum_m c_m}` exactly and leaves every entry in [0, 1] (times N on the diagonal).
+Every item's rescaled L is factorised (batched LU, float64) and inverted: log Z is the log
+of the pivots' product plus :math:`\sum_m c_m`, the marginals come in closed form from the
+inverse (Koo et al. 2007), and the gradient of a loss on the marginals (second order) by a
+hand-written formula with two batched matmuls; derivatives of any order stay exact. This is
+trusted only for items whose 1-norm condition number is small (<= 1e4 for float64 scores,
+<= 1e7 otherwise; measured error ~ cond * 4e-16): an LU of ``exp(scores - column max)``
+is singular to working precision once score gaps exceed ~100 in float32 (~700 in float64)
+and the best heads form a cycle, and an item with no tree has a singular L.
+
+**Fallback: subtraction-free log-space elimination (GTH).** The other items (found per item,
+recomputed together in one batch) go through an exact elimination. L is an M-matrix with
+column sums :math:`\rho`, and Gaussian elimination can be written on the off-diagonal
+weights and the column sums alone (Grassmann-Taksar-Heyman): eliminating word k with pivot
+:math:`p_k = \rho_k + \sum_{i} w_{ik}` gives
 
 .. math:: w'_{ij} = w_{ij} + w_{ik} w_{kj} / p_k, \qquad
           \rho'_j = \rho_j + \rho_k w_{kj} / p_k, \qquad \det L = p_k \det L'.
@@ -135,9 +145,10 @@ def _laplacian(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tens
 
 
 def _laplacian_fast(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tensor:
-    """:func:`_laplacian` in three in-place ops (not differentiable)."""
-    lap = weights[:, 1:].neg()  # [B, n, n]
-    incoming = (weights if multiroot else weights[:, 1:]).sum(1)  # [B, n]
+    """:func:`_laplacian` in float64 (the LU's precision) in four in-place ops (not
+    differentiable)."""
+    lap = weights[:, 1:].to(torch.float64, copy=True).neg_()  # [B, n, n]
+    incoming = (weights if multiroot else weights[:, 1:]).sum(1, dtype=torch.float64)  # [B, n]
     if padding is not None:
         incoming += padding
     lap.diagonal(dim1=1, dim2=2).add_(incoming)
@@ -182,11 +193,13 @@ def _weighted_adjoint_into(
 
 
 def _rescaled_weights(scores: Tensor, real: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(W [B, N, n] float64, shift [B, 1, n]): ``W = exp(s - shift)`` for the arcs into the
-    words (0 at self loops and padding), ``shift[m]`` the best score into word m (0 if it has
-    no arc), so every real column's largest weight is 1. ``real`` [B, N] (None: no padding).
-    Not differentiable."""
-    work = scores.detach()[:, :, 1:].to(torch.float64, copy=True)  # [B, N, n]
+    """(W [B, N, n], shift [B, 1, n]): ``W = exp(s - shift)`` for the arcs into the words (0
+    at self loops and padding), ``shift[m]`` the best score into word m (0 if it has no arc),
+    so every real column's largest weight is 1. ``real`` [B, N] (None: no padding). In the
+    input dtype (at least float32): a relative rounding of W is an absolute rounding of the
+    scores, harmless; the Laplacian is then formed in float64. Not differentiable."""
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    work = scores.detach()[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
     work.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: work[:, m, m - 1]
     if real is not None:
         work.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
@@ -245,7 +258,9 @@ class _TreeMarginals(torch.autograd.Function):
         none = (None, None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
             batch, size, _ = scores.shape
-            arcs = _arc_mask(length_mask(None, batch, size, scores.device) if real is None else real)
+            arcs = _arc_mask(
+                length_mask(None, batch, size, scores.device) if real is None else real
+            )
             masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
             shift = masked.detach().amax(1, keepdim=True).nan_to_num(neginf=0.0)
             live = (masked - shift).exp()  # [B, N, n]
@@ -257,7 +272,9 @@ class _TreeMarginals(torch.autograd.Function):
             adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
             return grad * marginals - adj, *none
         # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T)
-        lap = _laplacian_fast(grad[:, :, 1:] * weights, None, multiroot)  # [B, n, n]
+        # in the weights' dtype: float32 matmuls for float32 scores
+        lap = _laplacian(grad[:, :, 1:] * weights, None, multiroot)  # [B, n, n]
+        inverse = inverse.to(weights.dtype)
         out = scores.new_empty(scores.shape)  # [B, N, N]
         out[:, :, 0] = 0.0
         _weighted_adjoint_into(out, weights, inverse @ lap @ inverse, multiroot)
@@ -289,12 +306,10 @@ class _MatrixTreeLU(torch.autograd.Function):
         inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
         # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
         norm = weights.sum(1).amax(-1)  # [B]
-        if not multiroot:  # (multi-root L is an M-matrix: its inverse is >= 0)
-            inverse_abs = inverse.abs()
-        inv_norm = (inverse if multiroot else inverse_abs).sum(1).amax(-1)  # [B]
+        inv_norm = inverse.abs().sum(1).amax(-1)  # [B]
         keep = (norm * inv_norm).mul_(2) <= max_cond  # False if NaN (singular)
         logdet = factor.diagonal(dim1=1, dim2=2).abs().log_().sum(-1)
-        logdet += shift.sum((1, 2))  # [B]
+        logdet += shift.sum((1, 2), dtype=torch.float64)  # [B]
         bad = ~keep
         saved_keep: Tensor | None = None
         if bool(bad.any()):  # their gradient must be 0 (the caller recomputes them)
