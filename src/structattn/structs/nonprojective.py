@@ -325,9 +325,12 @@ class _MatrixTreeLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
         scores, weights, inverse, real, keep = ctx.saved_tensors
-        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
+            marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
             return grad[:, None, None] * marginals, None, None, None
+        marginals = _weighted_adjoint_into(
+            scores.new_zeros(scores.shape), weights, inverse, ctx.multiroot
+        )
         return marginals.mul_(grad[:, None, None]), None, None, None
 
 
