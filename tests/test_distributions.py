@@ -488,3 +488,31 @@ def test_chain_properties(batch: int, size: int, labels: int, seed: int) -> None
         torch.testing.assert_close(edge.sum(-2), dist.marginals[b, 1:n])
     torch.testing.assert_close(dist.log_prob(dist.argmax), dist.max_score - dist.log_partition)
     assert (dist.entropy >= -1e-9).all()
+
+
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+def test_eisner_hand_written_outside_matches_autograd(multiroot: bool) -> None:
+    """log Z's backward by the hand-written outside pass equals autograd through the inside
+    pass (padding, -inf arcs, an item with no tree), and so does its double backward."""
+    from structattn.semirings import LogSemiring
+    from structattn.structs.dependency import eisner_inside, eisner_log_partition
+
+    gen = torch.Generator().manual_seed(21)
+    scores = torch.randn(5, 9, 9, dtype=torch.float64, generator=gen) * 3
+    scores[:, :, 0] = float("-inf")
+    scores[1] = scores[1].masked_fill(torch.rand(9, 9, generator=gen) < 0.3, float("-inf"))
+    scores[2, :, 4] = float("-inf")  # word 4 has no head: no tree
+    lengths = torch.tensor([9, 7, 9, 2, 5])
+    weights = torch.randn(5, 9, 9, dtype=torch.float64, generator=gen)
+    results = []
+    for fn in (eisner_log_partition, lambda *a: eisner_inside(*a, LogSemiring)):
+        x = scores.clone().requires_grad_(True)
+        logz = fn(x, lengths, multiroot)
+        (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad((marginals * weights).sum(), x)
+        x2 = scores.clone().requires_grad_(True)
+        (plain,) = torch.autograd.grad(fn(x2, lengths, multiroot).sum(), x2)
+        results.append((logz.detach(), marginals.detach(), second, plain))
+    assert torch.isneginf(results[0][0][2]) and torch.isfinite(results[0][3]).all()
+    for fast, reference in zip(*results, strict=True):
+        torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)

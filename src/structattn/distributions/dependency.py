@@ -6,8 +6,14 @@ import torch
 from torch import Tensor
 
 from .._validation import check_lengths, check_potentials, length_mask
-from ..semirings import Semiring
-from ..structs.dependency import eisner_inside, is_projective, is_tree, tree_score
+from ..semirings import LogSemiring, Semiring
+from ..structs.dependency import (
+    eisner_inside,
+    eisner_log_partition,
+    is_projective,
+    is_tree,
+    tree_score,
+)
 from .base import StructuredDistribution
 
 __all__ = ["DependencyCRF", "TreeCRFBase"]
@@ -117,7 +123,20 @@ class DependencyCRF(TreeCRFBase):
     def _inside(
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
+        if semiring is LogSemiring:  # hand-written outside pass as the backward
+            return eisner_log_partition(parts[0], lengths, self.multiroot)
         return eisner_inside(parts[0], lengths, self.multiroot, semiring)
+
+    def _inside_for_grad(
+        self,
+        semiring: type[Semiring],
+        parts: tuple[Tensor, ...],
+        lengths: Tensor | None,
+        create_graph: bool,
+    ) -> Tensor:
+        if create_graph:  # marginals differentiated again: autograd through the inside pass
+            return eisner_inside(parts[0], lengths, self.multiroot, semiring)
+        return self._inside(semiring, parts, lengths)
 
     def _valid(self, heads: Tensor) -> Tensor:
         return super()._valid(heads) & is_projective(heads, self._lengths_full)
