@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from dataclasses import replace
@@ -125,6 +126,8 @@ def test_reproduce_prints_table_beside_paper(data_dir: Path, tmp_path: Path, cap
     results = json.loads((out / "results.json").read_text())
     assert set(results["results"]["2"]) == {"memn2n", "binary-crf"}
     assert (out / "table.md").read_text().startswith("|")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "ans.png").exists() and (out / "fact.png").exists()
     assert _cli(*args, "--tasks", "2,x", "--out", str(out), *common) == 2
 
 

@@ -306,3 +306,14 @@ def test_plots_leave_no_pyplot_figure_open(tmp_path: Path) -> None:
     viz.bracketed_tree((0, 1), tmp_path / "t.png")
     assert plt.get_fignums() == before
     assert matplotlib.get_backend() == backend  # the caller's backend is untouched
+
+
+def test_grouped_bars(tmp_path: Path) -> None:
+    ours = {"A": [10.0, None, 30.0], "B": [5.0, 50.0, 95.0]}
+    paper = {"A": [12.0, 40.0, None], "B": [None, 45.0, 99.0]}
+    path = viz.grouped_bars(["t1", "t2", "t3"], ours, tmp_path / "bars.png", reference=paper)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="'B' has 2 values for 3 groups"):
+        viz.grouped_bars(["t1", "t2", "t3"], {"A": [1, 2, 3], "B": [1, 2]}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="at least one model"):
+        viz.grouped_bars(["t1"], {}, tmp_path / "x.png")

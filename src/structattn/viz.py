@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,6 +42,7 @@ __all__ = [
     "depth_curves",
     "dependency_arcs",
     "fact_chain_graph",
+    "grouped_bars",
     "interaction_map",
     "maximum_spanning_tree",
 ]
@@ -1109,6 +1110,63 @@ def depth_curves(
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
         ax.legend()
+        if title:
+            ax.set_title(title)
+        return _save(fig, out, fmt)
+
+
+def grouped_bars(
+    groups: Sequence[object],
+    results: Mapping[str, Sequence[float | None]],
+    path: str | Path,
+    reference: Mapping[str, Sequence[float | None]] | None = None,
+    title: str | None = None,
+    ylabel: str = "%",
+) -> Path:
+    """Grouped bars: one group per entry of ``groups`` (e.g. bAbI tasks), one bar per model.
+
+    Args:
+        groups: the group labels (x axis).
+        results: ``{model name: one value per group}`` (ours; solid bars; ``None`` = no bar).
+        path: output file.
+        reference: the same for published numbers (drawn as black ticks on the bars).
+        title: figure title.
+        ylabel: y-axis label.
+    """
+    if not results:
+        raise ValueError("`results` must name at least one model")
+    labels = [str(g) for g in groups]
+    for name, values in {**results, **(reference or {})}.items():
+        if len(values) != len(labels):
+            raise ValueError(f"{name!r} has {len(values)} values for {len(labels)} groups")
+    out, fmt = _output_path(path)
+    with _rc_context():
+        fig = _new_figure(max(6.0, 0.6 * len(labels) * len(results) ** 0.5 + 2), 4.0)
+        ax = fig.add_subplot()
+        colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+        width = 0.8 / len(results)
+        for i, (name, values) in enumerate(results.items()):
+            xs = [g + (i - (len(results) - 1) / 2) * width for g in range(len(labels))]
+            color = colors[i % len(colors)]
+            shown = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
+            ax.bar([x for x, _ in shown], [v for _, v in shown], width, color=color, label=name)
+            ref = (reference or {}).get(name)
+            if ref is not None:
+                marks = [(x, v) for x, v in zip(xs, ref, strict=True) if v is not None]
+                ax.scatter(
+                    [x for x, _ in marks],
+                    [v for _, v in marks],
+                    marker="_",
+                    s=(width * 120) ** 2 / 10,
+                    color="black",
+                    zorder=3,
+                    label="paper" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8, ncol=len(results) + 1, loc="upper center", bbox_to_anchor=(0.5, -0.1))
         if title:
             ax.set_title(title)
         return _save(fig, out, fmt)

@@ -616,7 +616,48 @@ def reproduce(
     print(format_table(results))
     print()
     print(format_runs(results))
+    for path in plot_results(results, out_dir):
+        print(f"plot written to {path}")
     return results
+
+
+def plot_results(results: dict[int, dict[str, dict[str, Any]]], out_dir: str | Path) -> list[Path]:
+    """``ans.png`` and ``fact.png`` in ``out_dir``: our Ans % / Fact % per task and model as
+    bars, the paper's as black ticks (nothing, with a message, without matplotlib)."""
+    from .. import viz
+
+    tasks = sorted(results)
+    models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
+    written = []
+    for index, key, what in ((0, "ans", "answer accuracy"), (1, "fact", "fact-sequence accuracy")):
+        shown = [t for t in tasks if key == "ans" or t not in FACT_EXCLUDED_TASKS]
+        if not shown:
+            continue
+        ours = {
+            MODEL_NAMES[m]: [results[t][m][key] if m in results[t] else None for t in shown]
+            for m in models
+        }
+        paper = {
+            MODEL_NAMES[m]: [
+                PAPER_TABLE4[m.replace("-", "_")].get(t, (None, None))[index] for t in shown
+            ]
+            for m in models
+        }
+        try:
+            written.append(
+                viz.grouped_bars(
+                    [f"task {t}" for t in shown],
+                    ours,
+                    Path(out_dir) / f"{key}.png",
+                    reference=paper,
+                    title=f"bAbI 1k, {what} (bars: ours; ticks: paper)",
+                    ylabel="Ans %" if key == "ans" else "Fact %",
+                )
+            )
+        except ImportError as error:
+            print(f"no plots: {error}", file=sys.stderr)
+            break
+    return written
 
 
 # ---- Figure 5 --------------------------------------------------------------------------------
