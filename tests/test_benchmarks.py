@@ -86,3 +86,20 @@ def test_quick_memory_measured(quick_results: dict) -> None:
     memory = [m for m in quick_results["memory"] if m["library"] == "ours"]
     assert any(m["section"] == "tree" and m["op"] == "marg_fb" for m in memory)
     assert all(m["peak_bytes"] > 0 for m in memory)
+
+
+def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/second_order.py`` prints one finite ratio per configuration."""
+    path = RUN.parent / "second_order.py"
+    spec = importlib.util.spec_from_file_location("structattn_bench_second_order", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        assert module.main(["--repeats", "1", "--batch", "1", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    ratios = [float(line.split("|")[-2]) for line in rows[1:]]
+    assert len(ratios) == 10 and all(math.isfinite(r) and r > 0 for r in ratios)
