@@ -219,5 +219,10 @@ def test_config_errors(tmp_path: Path) -> None:
         babi.BabiConfig(model="lstm").check()
     with pytest.raises(ValueError, match="runs"):
         babi.BabiConfig(runs=0).check()
+    with pytest.raises(ValueError, match="query_init"):
+        babi.BabiConfig(query_init="zeros").check()
+    vocab = babi.BabiVocabulary(("<pad>", "<unk>", "a", "b"))
+    model = babi.build_model(babi.BabiConfig(embed_dim=4, query_init="identity"), vocab)
+    assert model.crf is not None and torch.equal(model.crf.query_update.weight, torch.eye(4))
     with pytest.raises(FileNotFoundError):
         babi.train(replace(babi.BabiConfig(), data_dir=str(tmp_path)), tmp_path / "out")

@@ -85,6 +85,7 @@ class BabiConfig:
     max_grad_norm: float = 40.0  # gradient norm clipping
     sum_loss: bool = True  # lr and clipping act on the batch's summed loss (as in MemN2N)
     linear_start: int = 20  # epochs of linear start (MemN2N: no softmax; CRF: no log-softmax)
+    query_init: str = "default"  # CRF models' Q: "default" (nn.Linear's) | "identity" (q_k = q)
     runs: int = 20  # training runs with different seeds (seed, seed + 1, ...)
     fact_runs: int = 10  # Fact % = mean over this many runs best on validation
     seed: int = 0  # seed of the first run
@@ -109,6 +110,8 @@ class BabiConfig:
         for name in ("embed_dim", "memory_size", "batch_size", "epochs", "runs", "fact_runs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        if self.query_init not in ("default", "identity"):
+            raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
 
@@ -167,7 +170,11 @@ def _forward(model: nn.Module, batch: BabiBatch) -> Any:
 def build_model(config: BabiConfig, vocab: BabiVocabulary, seed: int | None = None) -> MemoryQA:
     """The paper's model for ``config.model`` (MemN2N's N(0, 0.1) initialisation)."""
     torch.manual_seed(config.seed if seed is None else seed)
-    return MemoryQA(len(vocab), config.embed_dim, config.steps, config.memory_size, config.model)
+    model = MemoryQA(len(vocab), config.embed_dim, config.steps, config.memory_size, config.model)
+    if config.query_init == "identity" and model.crf is not None:
+        with torch.no_grad():
+            model.crf.query_update.weight.copy_(torch.eye(config.embed_dim))
+    return model
 
 
 def set_linear_start(model: MemoryQA, epoch: int, linear_epochs: int) -> None:
