@@ -103,3 +103,20 @@ def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     ratios = [float(line.split("|")[-2]) for line in rows[1:]]
     assert len(ratios) == 10 and all(math.isfinite(r) and r > 0 for r in ratios)
+
+
+def test_end_to_end_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/end_to_end.py --quick`` prints two finite structured/simple ratios."""
+    path = RUN.parent / "end_to_end.py"
+    spec = importlib.util.spec_from_file_location("structattn_bench_end_to_end", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        assert module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = capsys.readouterr().out.splitlines()[2:]
+    ratios = [float(line.split()[-1]) for line in rows]
+    assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios)
