@@ -88,13 +88,20 @@ def test_quick_memory_measured(quick_results: dict) -> None:
     assert all(m["peak_bytes"] > 0 for m in memory)
 
 
-def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """``benchmarks/second_order.py`` prints one finite ratio per configuration."""
-    path = RUN.parent / "second_order.py"
-    spec = importlib.util.spec_from_file_location("structattn_bench_second_order", path)
+def _load_script(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>`` as a module."""
+    spec = importlib.util.spec_from_file_location(
+        f"structattn_bench_{name[:-3]}", RUN.parent / name
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/second_order.py`` prints one finite ratio per configuration."""
+    module = _load_script("second_order.py")
     threads = torch.get_num_threads()
     try:
         assert module.main(["--repeats", "1", "--batch", "1", "--threads", "1"]) == 0
@@ -107,11 +114,7 @@ def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_end_to_end_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/end_to_end.py --quick`` prints two finite structured/simple ratios."""
-    path = RUN.parent / "end_to_end.py"
-    spec = importlib.util.spec_from_file_location("structattn_bench_end_to_end", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_script("end_to_end.py")
     threads = torch.get_num_threads()
     try:
         assert module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -347,6 +348,21 @@ def _lu_items(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor
     return ~bad
 
 
+def _first_and_second_order(
+    fn: Callable[..., torch.Tensor],
+    scores: torch.Tensor,
+    lengths: torch.Tensor | None,
+    multiroot: bool,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log Z, marginals and the gradient of (marginals * weights).sum() by ``fn``."""
+    x = scores.clone().requires_grad_(True)
+    logz = fn(x, lengths, multiroot)
+    (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad((marginals * weights).sum(), x)
+    return logz.detach(), marginals.detach(), second
+
+
 @MULTIROOT
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 def test_lu_path_matches_elimination_to_second_order(multiroot: bool, padded: bool) -> None:
@@ -357,13 +373,10 @@ def test_lu_path_matches_elimination_to_second_order(multiroot: bool, padded: bo
     lengths = torch.tensor([15, 9, 2, 15, 3, 12]) if padded else None
     assert _lu_items(scores, lengths, multiroot).all()  # all on the fast path
     weights = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
-    results = []
-    for fn in (nonprojective.matrix_tree_log_partition, _by_elimination):
-        x = scores.clone().requires_grad_(True)
-        logz = fn(x, lengths, multiroot)
-        (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
-        (second,) = torch.autograd.grad((marginals * weights).sum(), x)
-        results.append((logz.detach(), marginals.detach(), second))
+    results = [
+        _first_and_second_order(fn, scores, lengths, multiroot, weights)
+        for fn in (nonprojective.matrix_tree_log_partition, _by_elimination)
+    ]
     for fast, exact in zip(*results, strict=True):
         torch.testing.assert_close(fast, exact, rtol=0, atol=1e-10)
 
@@ -400,13 +413,10 @@ def test_ill_conditioned_items_fall_back_per_item(multiroot: bool) -> None:
     lu = _lu_items(scores, lengths, multiroot)
     assert lu[[0, 4]].all() and not lu[[2, 3]].any()
     weights = torch.randn(batch, size, size, dtype=torch.float64, generator=gen)
-    results = []
-    for fn in (nonprojective.matrix_tree_log_partition, _by_elimination):
-        x = scores.clone().requires_grad_(True)
-        logz = fn(x, lengths, multiroot)
-        (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
-        (second,) = torch.autograd.grad((marginals * weights).sum(), x)
-        results.append((logz.detach(), marginals.detach(), second))
+    results = [
+        _first_and_second_order(fn, scores, lengths, multiroot, weights)
+        for fn in (nonprojective.matrix_tree_log_partition, _by_elimination)
+    ]
     assert torch.isneginf(results[0][0][2]) and torch.isfinite(results[0][0][[0, 1, 3, 4]]).all()
     for fast, exact in zip(*results, strict=True):
         torch.testing.assert_close(fast, exact, rtol=1e-12, atol=1e-12)
