@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from ._files import atomic_write_text, read_utf8
 from ._vocab import TokenVocabulary
-from .tree_transduction import _atomic_write
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -292,12 +292,7 @@ def read_babi(
     multi-word answer, no supporting fact IDs, or a supporting fact ID that is not an earlier
     story sentence (not a question) of the same story.
     """
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        lineno = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+    text = read_utf8(path)
     lines = text.split("\n")
     while lines and not lines[-1].strip():
         lines.pop()  # the final newline and blank lines at the end
@@ -546,6 +541,4 @@ def write_predictions(
             ],
         }
         rows.append(json.dumps(row) + "\n")
-    out = Path(path)
-    _atomic_write(out, "".join(rows))
-    return out
+    return atomic_write_text(path, "".join(rows))

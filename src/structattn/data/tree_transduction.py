@@ -32,7 +32,6 @@ import math
 import os
 import random
 import re
-import secrets
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
+from ._files import atomic_write_text, read_utf8
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -469,19 +469,6 @@ def _format_line(pair: Pair) -> str:
     return " ".join(pair.source) + "\t" + " ".join(pair.target) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write a temporary file next to ``path`` (usual permissions, unlike ``mkstemp``'s
-    0600), then rename it over ``path``: readers never see a partial file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _counts_by_depth(pairs: Iterable[Pair]) -> dict[str, int]:
     counts = Counter(pair.depth for pair in pairs)
     return {str(d): counts[d] for d in sorted(counts)}
@@ -511,7 +498,7 @@ def write_splits(
                 if not side or any(not t or any(c.isspace() for c in t) for t in side):
                     raise ValueError(f"{name}: cannot write a pair with empty/whitespace tokens")
         paths[name] = out / f"{name}.tsv"
-        _atomic_write(paths[name], "".join(_format_line(pair) for pair in pairs))
+        atomic_write_text(paths[name], "".join(_format_line(pair) for pair in pairs))
     meta = {
         "task": "tree-transduction (prefix -> infix), Kim et al. 2017 section 4.1",
         "format": "one pair per line: source<TAB>target, tokens separated by single spaces, "
@@ -522,7 +509,7 @@ def write_splits(
         "counts_per_depth": {name: _counts_by_depth(pairs) for name, pairs in splits.items()},
     }
     paths["meta"] = out / "meta.json"
-    _atomic_write(paths["meta"], json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(paths["meta"], json.dumps(meta, indent=2) + "\n")
     return paths
 
 
@@ -550,12 +537,7 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
     line before the end, no tab, more than one tab, an empty source or target, a leading,
     trailing or doubled space, or any whitespace other than single spaces (tabs, ``\\r``).
     """
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        lineno = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+    text = read_utf8(path)
     lines = text.split("\n")
     while lines and lines[-1] == "":
         lines.pop()  # the final newline and any blank lines at the end

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data._files import atomic_write_text
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
@@ -47,7 +48,6 @@ from ..data.babi import (
     load_task,
     write_predictions,
 )
-from ..data.tree_transduction import _atomic_write
 from ..models import MEMORY_MODELS, MemoryQA
 from ..training import Task, TrainConfig, fit, load_model_state
 
@@ -317,7 +317,7 @@ def train_run(
         "valid": evaluate(trained, valid, vocab, device) if valid else None,
         "test": evaluate(trained, splits["test"], vocab, device),
     }
-    _atomic_write(run_dir / "done.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(run_dir / "done.json", json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -460,7 +460,7 @@ def summarize(
         model, vocab, run_config = load_trained(out_dir / best["run"], config.device)
         splits, _ = load_data(run_config)
         evaluate(model, splits["test"], vocab, config.device, out_dir / "test_predictions.jsonl")
-    _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -599,9 +599,9 @@ def reproduce(
             "seconds": time.time() - started,
             "results": {str(t): r for t, r in results.items()},
         }
-        _atomic_write(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
+        atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
         text = format_table(results) + "\n\n" + format_runs(results) + "\n"
-        _atomic_write(out_dir / "table.md", text)
+        atomic_write_text(out_dir / "table.md", text)
 
     def on_done(cell_config: BabiConfig, run_dir: Path) -> None:
         summary = summarize(run_dir.parent, cell_config, predictions=False)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data._files import atomic_write_text
 from ..data.tree_transduction import Pair, Vocabulary, generate_splits, read_splits
 from ..models import StructuredSeq2Seq
 from ..training import Task, TrainConfig, fit, load_model_state
@@ -224,9 +225,7 @@ def evaluate(
             }
         )
     if predictions is not None:
-        path = Path(predictions)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        atomic_write_text(predictions, "".join(json.dumps(r) + "\n" for r in records))
     table = {d: 100.0 * sum(v) / len(v) for d, v in sorted(per_depth.items())}
     counts = {d: len(v) for d, v in sorted(per_depth.items())}
     overall = 100.0 * sum(sum(v) for v in per_depth.values()) / max(len(pairs), 1)
@@ -352,7 +351,7 @@ def reproduce(
         )
         results[variant] = scores["per_depth"]
         summary["variants"][variant] = {**scores, "train": info}
-    (out_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / "results.json", json.dumps(summary, indent=2, default=str) + "\n")
     print(format_table(results))
     return summary
 

@@ -1,0 +1,36 @@
+"""Text files for the data loaders and recipes: atomic writes and UTF-8 reads with line numbers."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["atomic_write_text", "read_utf8"]
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write a temporary file next to ``path`` (usual permissions, unlike ``mkstemp``'s
+    0600), then rename it over ``path``: readers never see a partial file. Missing parent
+    folders are created."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def read_utf8(path: str | os.PathLike[str]) -> str:
+    """The text of ``path``; invalid UTF-8 raises ``ValueError("<path>:<line>: ...")``."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
