@@ -193,11 +193,13 @@ def predict(
     vocab: BabiVocabulary,
     device: torch.device | str = "cpu",
     batch_size: int = 200,
+    encoded: _Encoded | None = None,
 ) -> tuple[list[str], list[list[int]], float]:
-    """(predicted answers, predicted fact sequences as 0-based memory indices, mean NLL)."""
+    """(predicted answers, predicted fact sequences as 0-based memory indices, mean NLL);
+    ``encoded``: ``examples`` already encoded (training validates every epoch)."""
     device = torch.device(device)
     model.eval()
-    encoded = _Encoded(examples, vocab)
+    encoded = encoded or _Encoded(examples, vocab)
     answers: list[str] = []
     facts: list[list[int]] = []
     total = 0.0
@@ -216,13 +218,14 @@ def evaluate(
     vocab: BabiVocabulary,
     device: torch.device | str = "cpu",
     predictions: str | Path | None = None,
+    encoded: _Encoded | None = None,
 ) -> dict[str, Any]:
     """Ans %, Fact % (``None`` for tasks 7 and 8; see
     :func:`~structattn.data.babi.fact_sequence_accuracy`) and the mean NLL of ``examples``;
     optionally writes the predictions JSONL (:func:`~structattn.data.babi.write_predictions`)."""
     if not examples:
         raise ValueError("no questions to evaluate")
-    answers, facts, loss = predict(model, examples, vocab, device)
+    answers, facts, loss = predict(model, examples, vocab, device, encoded=encoded)
     ans = 100.0 * answer_accuracy(answers, [ex.answer for ex in examples])
     fact: float | None = None
     if examples[0].task not in FACT_EXCLUDED_TASKS:
@@ -245,13 +248,12 @@ def train_run(
     run_dir: str | Path,
     seed: int,
     resume: bool = False,
-    data: tuple[dict[str, list[BabiExample]], BabiVocabulary] | None = None,
 ) -> dict[str, Any]:
     """Train one run (model seed ``seed``), then score its best-on-validation model on the
     validation and test splits; writes ``done.json`` and returns its content."""
     config.check()
     run_dir = Path(run_dir)
-    splits, vocab = data or load_data(config)
+    splits, vocab = load_data(config)
     if resume:  # the vocabulary the run was started with
         saved = load_model_state(run_dir, "checkpoint.pt")
         vocab = BabiVocabulary.from_dict(saved["extra"]["vocab"])
@@ -259,6 +261,7 @@ def train_run(
     model = build_model(config, vocab, seed)
     train = _Encoded(splits["train"], vocab)
     valid = splits["valid"]
+    valid_encoded = _Encoded(valid, vocab) if valid else None
 
     def batches(epoch: int) -> list[list[int]]:
         order = list(range(len(splits["train"])))
@@ -272,9 +275,7 @@ def train_run(
 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, MemoryQA)
-        if not valid:
-            return {}
-        scores = evaluate(m, valid, vocab, device)
+        scores = evaluate(m, valid, vocab, device, encoded=valid_encoded)
         metric = _selection_metric(scores["ans"] / 100, scores["loss"])
         return {"metric": metric, "ans": scores["ans"], "loss": scores["loss"]}
 
@@ -415,7 +416,7 @@ def _execute(
 
 
 def summarize(
-    out_dir: str | Path, config: BabiConfig | None = None, predictions: bool = True
+    out_dir: str | Path, config: BabiConfig, predictions: bool = True
 ) -> dict[str, Any] | None:
     """Combine the finished runs of ``out_dir`` (their ``done.json``): the best run on
     validation gives Ans % (and its Fact %), the ``fact_runs`` best give the mean Fact %.
@@ -425,14 +426,10 @@ def summarize(
     records = [json.loads(path.read_text()) for path in sorted(out_dir.glob("run_*/done.json"))]
     if not records:
         return None
-    if config is None:
-        state = load_model_state(out_dir / records[0]["run"])
-        known = {f.name for f in fields(BabiConfig)}
-        config = BabiConfig(**{k: v for k, v in state["config"].items() if k in known})
 
-    def key(r: dict[str, Any]) -> tuple[float, float]:
+    def key(r: dict[str, Any]) -> float:  # the rule that picked each run's best epoch
         valid = r["valid"] or {"ans": 0.0, "loss": 0.0}
-        return (valid["ans"], -valid["loss"])
+        return _selection_metric(valid["ans"] / 100, valid["loss"])
 
     ranked = sorted(records, key=key, reverse=True)
     best = ranked[0]
@@ -575,7 +572,7 @@ def reproduce(
     by_cell: list[list[tuple[BabiConfig, Path, int, bool]]] = []
     for task in tasks:
         for model in models:
-            cell_config = replace(config, task=task, model=model, hops=config.hops)
+            cell_config = replace(config, task=task, model=model)
             cell_config.check()
             load_data(cell_config)
             cell_dir = out_dir / f"task_{task:02d}" / model
