@@ -123,20 +123,9 @@ class DependencyCRF(TreeCRFBase):
     def _inside(
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
-        if semiring is LogSemiring:  # hand-written outside pass as the backward
+        if semiring is LogSemiring:  # hand-written outside pass and Hessian-vector product
             return eisner_log_partition(parts[0], lengths, self.multiroot)
         return eisner_inside(parts[0], lengths, self.multiroot, semiring)
-
-    def _inside_for_grad(
-        self,
-        semiring: type[Semiring],
-        parts: tuple[Tensor, ...],
-        lengths: Tensor | None,
-        create_graph: bool,
-    ) -> Tensor:
-        if create_graph:  # marginals differentiated again: autograd through the inside pass
-            return eisner_inside(parts[0], lengths, self.multiroot, semiring)
-        return self._inside(semiring, parts, lengths)
 
     def _valid(self, heads: Tensor) -> Tensor:
         return super()._valid(heads) & is_projective(heads, self._lengths_full)

@@ -120,42 +120,173 @@ def _safe(x: Tensor) -> Tensor:
     return x.masked_fill(torch.isneginf(x), 0.0)
 
 
+def _pieces(complete: Tensor, incomplete: Tensor, w: int) -> tuple[Tensor, ...]:
+    """Views of the narrower spans combined by the spans of width ``w`` (n = N - w starts s,
+    t = s + w; [B, ...]): ``starts`` [B, 2, n, w] spans s..s+j, ``ends`` [B, 2, n, w] spans
+    s+1+j..t, ``inc_left`` [B, n, w] I_L(s+j, t), ``inc_right`` [B, n, w] I_R(s, s+1+j)."""
+    n = complete.shape[2] - w
+    return (
+        complete[:, :, :n, :w],
+        _ending(complete, w, 1),
+        _ending(incomplete[:, :1], w, 0)[:, 0],
+        incomplete[:, 1, :n, 1 : w + 1],
+    )
+
+
+def _eisner_charts(
+    arc_scores: Tensor, last: Tensor, multiroot: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Inside pass on in-place charts (no autograd): (complete, incomplete, inner), the first
+    two [B, 2, N, N] and ``inner`` [B, N, N], all in (start, width) layout."""
+    batch, size, _ = arc_scores.shape
+    arcs = _skew(arc_scores)  # per width [B, 2, N]: (t -> s, s -> t)
+    complete = arc_scores.new_full((batch, 2, size, size), float("-inf"))
+    complete[:, :, :, 0] = 0.0
+    incomplete = torch.full_like(complete, float("-inf"))
+    inner = arc_scores.new_full((batch, size, size), float("-inf"))  # [B, s, w]
+    for w in range(1, size):
+        n = size - w
+        starts, ends, inc_left, _ = _pieces(complete, incomplete, w)
+        # inner[s] = log sum_j C_R(s, s+j) + C_L(s+j+1, t)                    [B, n]
+        inner[:, :n, w] = torch.logsumexp(starts[:, 1] + ends[:, 0], -1)
+        # I(s, t) = inner + arc, both directions                              [B, 2, n]
+        torch.add(inner[:, None, :n, w], arcs[w][:, :, :n], out=incomplete[:, :, :n, w])
+        # C_L(s, t) = log sum_j C_L(s, s+j) + I_L(s+j, t)
+        # C_R(s, t) = log sum_j I_R(s, s+1+j) + C_R(s+1+j, t)
+        left = starts[:, 0] + inc_left  # [B, n, w]
+        right = incomplete[:, 1, :n, 1 : w + 1] + ends[:, 1]  # [B, n, w]
+        comp = torch.logsumexp(torch.stack([left, right], 1), -1)  # [B, 2, n]
+        if not multiroot:  # ROOT's right span is closed only at the sentence end
+            comp[:, 1, 0] = comp[:, 1, 0].masked_fill(last != w, float("-inf"))
+        complete[:, :, :n, w] = comp
+    return complete, incomplete, inner
+
+
+def _normalisers(
+    complete: Tensor, inner: Tensor, last: Tensor, multiroot: bool
+) -> tuple[Tensor, Tensor]:
+    """The charts as softmax normalisers: ``-inf`` -> 0 (so exp(-inf - it) = 0, not NaN) and
+    the masked ROOT spans of single-root trees -> ``+inf`` (so their split weights are 0)."""
+    complete_safe = _safe(complete)
+    if not multiroot:
+        closed = torch.arange(complete.shape[-1], device=last.device) == last.unsqueeze(-1)
+        complete_safe[:, 1, 0].masked_fill_(~closed, float("inf"))
+    return complete_safe, _safe(inner)
+
+
+def _eisner_outside(
+    charts: tuple[Tensor, Tensor, Tensor], norms: tuple[Tensor, Tensor], last: Tensor, seed: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Outside pass by hand: d (seed . log Z) / d chart entry for the complete and incomplete
+    charts ([B, 2, N, N] each); ``seed`` [B] is the incoming gradient of log Z."""
+    complete, incomplete, inner = charts
+    complete_safe, inner_safe = norms
+    size = complete.shape[-1]
+    g_comp = torch.zeros_like(complete)
+    g_inc = torch.zeros_like(incomplete)
+    g_comp[:, 1, 0].scatter_(1, last.unsqueeze(-1), seed.unsqueeze(-1))
+    for w in range(size - 1, 0, -1):
+        n = size - w
+        starts, ends, inc_left, inc_right = _pieces(complete, incomplete, w)
+        g = g_comp[:, :, :n, w].unsqueeze(-1)  # [B, 2, n, 1]
+        norm = complete_safe[:, :, :n, w].unsqueeze(-1)
+        # complete spans: softmax over the split points times their gradient
+        p_left = (starts[:, 0] + inc_left - norm[:, 0]).exp_().mul_(g[:, 0])  # [B, n, w]
+        p_right = (inc_right + ends[:, 1] - norm[:, 1]).exp_().mul_(g[:, 1])
+        g_comp[:, 0, :n, :w] += p_left
+        _ending(g_inc[:, :1], w, 0)[:, 0].add_(p_left)
+        g_inc[:, 1, :n, 1 : w + 1] += p_right
+        _ending(g_comp, w, 1)[:, 1].add_(p_right)
+        # incomplete spans (every use is in complete spans of width >= w: done)
+        g_inner = g_inc[:, :, :n, w].sum(1).unsqueeze(-1)  # [B, n, 1]
+        p_in = (starts[:, 1] + ends[:, 0] - inner_safe[:, :n, w, None]).exp_().mul_(g_inner)
+        g_comp[:, 1, :n, :w] += p_in
+        _ending(g_comp, w, 1)[:, 0].add_(p_in)
+    return g_comp, g_inc
+
+
+def _arc_grads(g_inc: Tensor) -> Tensor:
+    """[B, N, N] arc gradients from the incomplete chart's [B, 2, N, N] (an arc enters only
+    its own span; entries beyond the chart's spans are 0)."""
+    return _unskew(g_inc.permute(0, 3, 1, 2), g_inc.shape[-1])
+
+
+def _eisner_hvp(
+    charts: tuple[Tensor, Tensor, Tensor],
+    norms: tuple[Tensor, Tensor],
+    outside: tuple[Tensor, Tensor],
+    direction: Tensor,
+) -> Tensor:
+    """Hessian of log Z times ``direction`` [B, N, N] (arc layout), i.e. the derivative of the
+    marginals along ``direction``: forward-mode tangents of the inside pass (widths up), then
+    of the outside pass (widths down), all by hand. With p_j the split weights of a span P
+    (softmax over its terms A_j + B_j) and dot the tangent:
+      inside   dot P = sum_j p_j (dot A_j + dot B_j)      (+ the arc's direction for I)
+      outside  dot g(A_j) += p_j ((dot A_j + dot B_j - dot P) g(P) + dot g(P))   (same for B_j)
+    and the result is dot g of the incomplete spans, mapped back to arcs."""
+    complete, incomplete, inner = charts
+    complete_safe, inner_safe = norms
+    g_comp, g_inc = outside
+    size = complete.shape[-1]
+    dirs = _skew(direction)
+    d_comp = torch.zeros_like(complete)
+    d_inc = torch.zeros_like(incomplete)
+    d_inner = torch.zeros_like(inner)
+    for w in range(1, size):
+        n = size - w
+        starts, ends, inc_left, inc_right = _pieces(complete, incomplete, w)
+        d_starts, d_ends, d_inc_left, d_inc_right = _pieces(d_comp, d_inc, w)
+        p_in = (starts[:, 1] + ends[:, 0] - inner_safe[:, :n, w, None]).exp_()  # [B, n, w]
+        d_inner[:, :n, w] = (p_in * (d_starts[:, 1] + d_ends[:, 0])).sum(-1)
+        torch.add(d_inner[:, None, :n, w], dirs[w][:, :, :n], out=d_inc[:, :, :n, w])
+        norm = complete_safe[:, :, :n, w].unsqueeze(-1)
+        p_left = (starts[:, 0] + inc_left - norm[:, 0]).exp_()
+        p_right = (inc_right + ends[:, 1] - norm[:, 1]).exp_()
+        d_comp[:, 0, :n, w] = (p_left * (d_starts[:, 0] + d_inc_left)).sum(-1)
+        d_comp[:, 1, :n, w] = (p_right * (d_inc_right + d_ends[:, 1])).sum(-1)
+    dg_comp = torch.zeros_like(complete)
+    dg_inc = torch.zeros_like(incomplete)
+    for w in range(size - 1, 0, -1):
+        n = size - w
+        starts, ends, inc_left, inc_right = _pieces(complete, incomplete, w)
+        d_starts, d_ends, d_inc_left, d_inc_right = _pieces(d_comp, d_inc, w)
+        norm = complete_safe[:, :, :n, w].unsqueeze(-1)
+        g = g_comp[:, :, :n, w].unsqueeze(-1)  # [B, 2, n, 1]
+        dg = dg_comp[:, :, :n, w].unsqueeze(-1)
+        dp = d_comp[:, :, :n, w].unsqueeze(-1)
+        p_left = (starts[:, 0] + inc_left - norm[:, 0]).exp_()
+        t_left = (d_starts[:, 0] + d_inc_left - dp[:, 0]).mul_(g[:, 0]).add_(dg[:, 0]).mul_(p_left)
+        p_right = (inc_right + ends[:, 1] - norm[:, 1]).exp_()
+        t_right = (d_inc_right + d_ends[:, 1] - dp[:, 1]).mul_(g[:, 1]).add_(dg[:, 1]).mul_(p_right)
+        dg_comp[:, 0, :n, :w] += t_left
+        _ending(dg_inc[:, :1], w, 0)[:, 0].add_(t_left)
+        dg_inc[:, 1, :n, 1 : w + 1] += t_right
+        _ending(dg_comp, w, 1)[:, 1].add_(t_right)
+        g_inner = g_inc[:, :, :n, w].sum(1).unsqueeze(-1)  # [B, n, 1]
+        dg_inner = dg_inc[:, :, :n, w].sum(1).unsqueeze(-1)
+        p_in = (starts[:, 1] + ends[:, 0] - inner_safe[:, :n, w, None]).exp_()
+        t_in = d_starts[:, 1] + d_ends[:, 0] - d_inner[:, :n, w, None]
+        t_in = t_in.mul_(g_inner).add_(dg_inner).mul_(p_in)
+        dg_comp[:, 1, :n, :w] += t_in
+        _ending(dg_comp, w, 1)[:, 0].add_(t_in)
+    return _arc_grads(dg_inc)
+
+
 class _EisnerLogPartition(torch.autograd.Function):
     """log Z over projective trees (forward: inside pass on in-place charts, no autograd
     graph; backward: the outside pass by hand, the marginals times the incoming gradient).
-    When the backward is itself differentiated (``create_graph``), the marginals are
-    recomputed by autograd through :func:`eisner_inside` (any order)."""
+    When the backward is itself differentiated (``create_graph``), the marginals come from
+    :class:`_EisnerMarginals`, whose backward is a hand-written Hessian-vector product."""
 
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
         batch, size, _ = arc_scores.shape
-        device = arc_scores.device
         last = (
-            torch.full((batch,), size - 1, dtype=torch.long, device=device)
+            torch.full((batch,), size - 1, dtype=torch.long, device=arc_scores.device)
             if lengths is None
             else lengths - 1
         )
-        arcs = _skew(arc_scores.detach())  # per width [B, 2, N]: (t -> s, s -> t)
-        complete = arc_scores.new_full((batch, 2, size, size), float("-inf"))
-        complete[:, :, :, 0] = 0.0
-        incomplete = torch.full_like(complete, float("-inf"))
-        inner = arc_scores.new_full((batch, size, size), float("-inf"))  # [B, s, w]
-        for w in range(1, size):
-            n = size - w
-            starts = complete[:, :, :n, :w]  # spans s..s+j
-            ends = _ending(complete, w, 1)  # spans s+1+j..t
-            # inner[s] = log sum_j C_R(s, s+j) + C_L(s+j+1, t)                    [B, n]
-            inner[:, :n, w] = torch.logsumexp(starts[:, 1] + ends[:, 0], -1)
-            # I(s, t) = inner + arc, both directions                              [B, 2, n]
-            torch.add(inner[:, None, :n, w], arcs[w][:, :, :n], out=incomplete[:, :, :n, w])
-            # C_L(s, t) = log sum_j C_L(s, s+j) + I_L(s+j, t)
-            # C_R(s, t) = log sum_j I_R(s, s+1+j) + C_R(s+1+j, t)
-            left = starts[:, 0] + _ending(incomplete[:, :1], w, 0)[:, 0]  # [B, n, w]
-            right = incomplete[:, 1, :n, 1 : w + 1] + ends[:, 1]  # [B, n, w]
-            comp = torch.logsumexp(torch.stack([left, right], 1), -1)  # [B, 2, n]
-            if not multiroot:  # ROOT's right span is closed only at the sentence end
-                comp[:, 1, 0] = comp[:, 1, 0].masked_fill(last != w, float("-inf"))
-            complete[:, :, :n, w] = comp
+        complete, incomplete, inner = _eisner_charts(arc_scores.detach(), last, multiroot)
         logz = complete[:, 1, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)  # [B]
         ctx.save_for_backward(arc_scores, complete, incomplete, inner, last)
         ctx.lengths = lengths
@@ -165,43 +296,57 @@ class _EisnerLogPartition(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         arc_scores, complete, incomplete, inner, last = ctx.saved_tensors
-        if torch.is_grad_enabled():  # differentiated again: autograd through the inside pass
-            logz = eisner_inside(arc_scores, ctx.lengths, ctx.multiroot, LogSemiring)
-            (marginals,) = torch.autograd.grad(logz, arc_scores, grad, create_graph=True)
+        charts = (complete, incomplete, inner)
+        if torch.is_grad_enabled():  # differentiated again: one node with its own backward
+            marginals = _EisnerMarginals.apply(
+                arc_scores, grad, charts, last, ctx.lengths, ctx.multiroot
+            )
             return marginals, None, None
-        batch, size, _ = arc_scores.shape
-        g_comp = torch.zeros_like(complete)  # d log Z / d chart entry
-        g_inc = torch.zeros_like(incomplete)
-        g_arcs = arc_scores.new_zeros(batch, size, 2, size)  # skewed like _skew's output
-        g_comp[:, 1, 0].scatter_(1, last.unsqueeze(-1), grad.unsqueeze(-1))
-        complete_safe = _safe(complete)
-        if not ctx.multiroot:  # masked ROOT spans: +inf so that exp(terms - it) = 0, not inf
-            closed = torch.arange(size, device=last.device) == last.unsqueeze(-1)  # [B, N]
-            complete_safe[:, 1, 0].masked_fill_(~closed, float("inf"))
-        for w in range(size - 1, 0, -1):
-            n = size - w
-            starts = complete[:, :, :n, :w]
-            ends = _ending(complete, w, 1)
-            inc_left = _ending(incomplete[:, :1], w, 0)[:, 0]  # [B, n, w]
-            inc_right = incomplete[:, 1, :n, 1 : w + 1]
-            g = g_comp[:, :, :n, w].unsqueeze(-1)  # [B, 2, n, 1]
-            norm = complete_safe[:, :, :n, w].unsqueeze(-1)
-            # complete spans: softmax over the split points times their gradient
-            p_left = (starts[:, 0] + inc_left - norm[:, 0]).exp_().mul_(g[:, 0])  # [B, n, w]
-            p_right = (inc_right + ends[:, 1] - norm[:, 1]).exp_().mul_(g[:, 1])
-            g_comp[:, 0, :n, :w] += p_left
-            _ending(g_inc[:, :1], w, 0)[:, 0].add_(p_left)
-            g_inc[:, 1, :n, 1 : w + 1] += p_right
-            _ending(g_comp, w, 1)[:, 1].add_(p_right)
-            # incomplete spans (every use is in complete spans of width >= w: done)
-            g_i = g_inc[:, :, :n, w]  # [B, 2, n]
-            g_arcs[:, w, :, :n] = g_i
-            g_inner = (g_i[:, 0] + g_i[:, 1]).unsqueeze(-1)  # [B, n, 1]
-            norm_in = _safe(inner[:, :n, w]).unsqueeze(-1)
-            p_in = (starts[:, 1] + ends[:, 0] - norm_in).exp_().mul_(g_inner)  # [B, n, w]
-            g_comp[:, 1, :n, :w] += p_in
-            _ending(g_comp, w, 1)[:, 0].add_(p_in)
-        return _unskew(g_arcs, size), None, None
+        norms = _normalisers(complete, inner, last, ctx.multiroot)
+        _, g_inc = _eisner_outside(charts, norms, last, grad)
+        return _arc_grads(g_inc), None, None
+
+
+class _EisnerMarginals(torch.autograd.Function):
+    """``seed[b] * marginals[b]`` from saved inside charts (forward: the outside pass by
+    hand); backward: ``seed[b]`` times the Hessian-vector product of log Z by hand (the
+    tangents of the inside and outside passes). Differentiating that once more falls back to
+    autograd through :func:`eisner_inside` (any order)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        arc_scores: Tensor,
+        seed: Tensor,
+        charts: tuple[Tensor, Tensor, Tensor],
+        last: Tensor,
+        lengths: Tensor | None,
+        multiroot: bool,
+    ) -> Tensor:
+        norms = _normalisers(charts[0], charts[2], last, multiroot)
+        outside = _eisner_outside(charts, norms, last, torch.ones_like(seed))
+        marginals = _arc_grads(outside[1])  # [B, N, N]
+        ctx.save_for_backward(arc_scores, seed, marginals, last, *charts, *norms, *outside)
+        ctx.lengths = lengths
+        ctx.multiroot = multiroot
+        return marginals * seed.view(-1, 1, 1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        arc_scores, seed, marginals, last, *saved = ctx.saved_tensors
+        if ctx.needs_input_grad[0] and torch.is_grad_enabled():
+            # third order and beyond: autograd through the inside pass
+            logz = eisner_inside(arc_scores, ctx.lengths, ctx.multiroot, LogSemiring)
+            (unit,) = torch.autograd.grad(logz.sum(), arc_scores, create_graph=True)
+            scaled = grad * seed.view(-1, 1, 1)
+            (hvp,) = torch.autograd.grad(unit, arc_scores, scaled, create_graph=True)
+            return hvp, (grad * unit).flatten(1).sum(-1), None, None, None, None
+        g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[0]:
+            return None, g_seed, None, None, None, None
+        charts = (saved[0], saved[1], saved[2])
+        hvp = _eisner_hvp(charts, (saved[3], saved[4]), (saved[5], saved[6]), grad)
+        return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None
 
 
 def _unskew(skewed: Tensor, size: int) -> Tensor:
