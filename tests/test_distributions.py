@@ -490,12 +490,20 @@ def test_chain_properties(batch: int, size: int, labels: int, seed: int) -> None
     assert (dist.entropy >= -1e-9).all()
 
 
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
-def test_eisner_hand_written_outside_matches_autograd(multiroot: bool) -> None:
+def test_eisner_hand_written_outside_matches_autograd(
+    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """log Z's backward by the hand-written outside pass equals autograd through the inside
-    pass (padding, -inf arcs, an item with no tree), and so does its double backward."""
+    pass (padding, -inf arcs, an item with no tree), and so does its double backward (the
+    hand-written Hessian-vector product, with split weights kept or recomputed)."""
     from structattn.semirings import LogSemiring
+    from structattn.structs import dependency
     from structattn.structs.dependency import eisner_inside, eisner_log_partition
+
+    if not cache:
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
 
     gen = torch.Generator().manual_seed(21)
     scores = torch.randn(5, 9, 9, dtype=torch.float64, generator=gen) * 3
@@ -518,12 +526,19 @@ def test_eisner_hand_written_outside_matches_autograd(multiroot: bool) -> None:
         torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
-def test_eisner_hessian_vector_product_gradchecks(multiroot: bool) -> None:
-    """The hand-written Hessian-vector product (backward of the marginals) passes gradcheck,
-    scales with the incoming gradient of log Z, and its own derivative (third order, by the
-    autograd fallback) passes gradcheck too."""
+def test_eisner_hessian_vector_product_gradchecks(
+    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hand-written Hessian-vector product (backward of the marginals; split weights kept
+    from the outside pass or recomputed) passes gradcheck, scales with the incoming gradient
+    of log Z, and its own derivative (third order, by the autograd fallback) passes too."""
+    from structattn.structs import dependency
     from structattn.structs.dependency import eisner_log_partition
+
+    if not cache:
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
 
     gen = torch.Generator().manual_seed(5)
     scores = torch.randn(3, 5, 5, dtype=torch.float64, generator=gen)
@@ -542,3 +557,32 @@ def test_eisner_hessian_vector_product_gradchecks(multiroot: bool) -> None:
     x = scores[finite].clone().requires_grad_(True)
     assert torch.autograd.gradcheck(marginals, (x, seed))
     assert torch.autograd.gradgradcheck(marginals, (x, seed))
+
+
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+def test_eisner_hand_written_backtrack_matches_autograd(multiroot: bool) -> None:
+    """The MAP score and its gradient (the best tree) by the hand-written backtrack equal
+    the max-semiring inside pass and its autograd gradient (padding, -inf arcs, no tree)."""
+    from structattn.semirings import MaxSemiring
+    from structattn.structs.dependency import eisner_inside, eisner_max
+
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(6, 10, 10, dtype=torch.float64, generator=gen) * 3
+    scores[:, :, 0] = float("-inf")
+    scores[1] = scores[1].masked_fill(torch.rand(10, 10, generator=gen) < 0.4, float("-inf"))
+    scores[2, :, 4] = float("-inf")  # word 4 has no head: no tree
+    lengths = torch.tensor([10, 8, 10, 2, 5, 3])
+    results = []
+    for fn in (eisner_max, lambda *a: eisner_inside(*a, MaxSemiring)):
+        x = scores.clone().requires_grad_(True)
+        best = fn(x, lengths, multiroot)
+        (tree,) = torch.autograd.grad(best, x, torch.arange(1.0, 7.0, dtype=torch.float64))
+        results.append((best.detach(), tree))
+    assert torch.isneginf(results[0][0][2])
+    for fast, reference in zip(*results, strict=True):
+        torch.testing.assert_close(fast, reference, rtol=0, atol=0)
+    # the valid items' gradients are trees: one head per real word, weighted by the seed
+    heads = results[0][1].sum(1)
+    for b, n in enumerate(lengths.tolist()):
+        if b != 2:
+            assert torch.equal(heads[b, 1:n], torch.full((n - 1,), b + 1.0, dtype=torch.float64))

@@ -6,10 +6,11 @@ import torch
 from torch import Tensor
 
 from .._validation import check_lengths, check_potentials, length_mask
-from ..semirings import LogSemiring, Semiring
+from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.dependency import (
     eisner_inside,
     eisner_log_partition,
+    eisner_max,
     is_projective,
     is_tree,
     tree_score,
@@ -125,6 +126,8 @@ class DependencyCRF(TreeCRFBase):
     ) -> Tensor:
         if semiring is LogSemiring:  # hand-written outside pass and Hessian-vector product
             return eisner_log_partition(parts[0], lengths, self.multiroot)
+        if semiring is MaxSemiring:  # hand-written backtrack
+            return eisner_max(parts[0], lengths, self.multiroot)
         return eisner_inside(parts[0], lengths, self.multiroot, semiring)
 
     def _valid(self, heads: Tensor) -> Tensor:
