@@ -180,15 +180,17 @@ def _weighted_adjoint_into(
     column 0 is left as is) with one temporary (not differentiable)."""
     trans = inverse.transpose(1, 2)  # [B, n, n]
     diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
+    # the differences in the inverse's precision, then one cast: no mixed-dtype products
     if multiroot:
-        torch.mul(weights[:, :1], diag, out=out[:, :1, 1:])
-        torch.mul(weights[:, 1:], diag - trans, out=out[:, 1:, 1:])
-    else:
-        torch.mul(weights[:, :1], trans[:, :1], out=out[:, :1, 1:])
+        first = diag
         coef = diag - trans  # [B, n, n]
+    else:
+        first = trans[:, :1]
+        coef = diag - trans
         coef[:, 0] = diag[:, 0]  # arcs from word 1 (the replaced row): no Y_mh term
         coef[:, 1:, 0] -= diag[:, :, 0]  # arcs into word 1: no Y_11 term
-        torch.mul(weights[:, 1:], coef, out=out[:, 1:, 1:])
+    torch.mul(weights[:, :1], first.to(out.dtype), out=out[:, :1, 1:])
+    torch.mul(weights[:, 1:], coef.to(out.dtype), out=out[:, 1:, 1:])
     return out
 
 
