@@ -161,12 +161,15 @@ class SegmentationAttention(_ScoredAttention):
         batch, queries, n = scores.shape
         lengths = prefix_lengths(mask).repeat_interleave(queries)  # [B * Q]
         on = scores.reshape(batch * queries, n)
-        unary = torch.stack([torch.zeros_like(on), on], dim=-1)  # [B*Q, N, 2]
+        # theta_i(0) = 0, theta_i(1) = score; built by a product, not a stack, so that the
+        # gradient of the scores is contiguous (bmm is several times slower on strided ones)
+        unary = on.unsqueeze(-1) * on.new_tensor([0.0, 1.0])  # [B*Q, N, 2]
         return LinearChainCRF(unary, self.transitions.to(on.dtype), lengths, validate_args=False)
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
         batch, queries, n = scores.shape
-        marginals = self.crf(scores, mask).marginals[..., 1]  # [B*Q, N]: p(z_i = 1)
+        # p(z_i = 1), [B*Q, N]; contiguous, as bmm is several times slower on a strided matrix
+        marginals = self.crf(scores, mask).marginals[..., 1].contiguous()
         return marginals.reshape(batch, queries, n)
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:

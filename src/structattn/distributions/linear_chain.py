@@ -8,8 +8,14 @@ import torch
 from torch import Tensor
 
 from .._validation import check_lengths, check_potentials, length_mask
-from ..semirings import Semiring
-from ..structs.linear_chain import chain_inside, chain_kbest, chain_score
+from ..semirings import LogSemiring, Semiring
+from ..structs.linear_chain import (
+    chain_inside,
+    chain_kbest,
+    chain_log_partition,
+    chain_marginals,
+    chain_score,
+)
 from .base import StructuredDistribution
 
 __all__ = ["LinearChainCRF"]
@@ -30,7 +36,10 @@ class LinearChainCRF(StructuredDistribution):
         validate_args: check shapes, dtypes and values (one host sync); default True.
 
     Segmentation attention is C = 2 over N positions; the K-step fact CRF of bAbI is
-    C = n facts over N = K steps. Time O(B N C^2), sequential in N.
+    C = n facts over N = K steps. Time O(B N C^2), sequential in N. log Z and the marginals
+    come from a forward-backward pass written by hand (see
+    :mod:`structattn.structs.linear_chain`), and so do their gradients: a loss on the
+    marginals back-propagates by a Hessian-vector product, not by a double backward.
 
     Example:
         >>> crf = LinearChainCRF(torch.randn(2, 5, 3), torch.randn(3, 3))
@@ -78,16 +87,21 @@ class LinearChainCRF(StructuredDistribution):
         unary, pairwise = raw
         batch, n, c = unary.shape
         pairwise = pairwise.expand(batch, n - 1, c, c)  # [B, N-1, C, C], a view
-        if self.lengths is not None:
-            # padded steps are skipped by the forward pass (their gradients, i.e. the edge
-            # marginals there, are exactly 0), so the transitions need no masking
-            unary = unary.masked_fill(~self.mask.unsqueeze(-1), 0.0)
-        return unary, pairwise
+        return self._masked(unary), pairwise
+
+    def _masked(self, unary: Tensor) -> Tensor:
+        # padded steps are skipped by the dynamic programs (their gradients, i.e. the edge
+        # marginals there, are exactly 0), so the transitions need no masking
+        if self.lengths is None:
+            return unary
+        return unary.masked_fill(~self.mask.unsqueeze(-1), 0.0)
 
     def _inside(
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
         unary, pairwise = parts
+        if semiring is LogSemiring:
+            return chain_log_partition(unary, pairwise, lengths)
         return chain_inside(unary, pairwise, lengths, semiring)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
@@ -109,10 +123,32 @@ class LinearChainCRF(StructuredDistribution):
         return chain_score(unary, pairwise, value, mask)
 
     # ---- chain-specific outputs -----------------------------------------------------------
+    # log Z and the marginals take the transitions as given ([C, C] when shared: one matrix
+    # for every step, and its gradient is accumulated without a [B, N-1, C, C] tensor)
+    @cached_property
+    def log_partition(self) -> Tensor:
+        """log Z, shape [B]; ``-inf`` for an item with no valid label sequence."""
+        return chain_log_partition(self._masked(self.unary), self.pairwise, self.lengths)
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        # forward-backward by hand; differentiable (a loss on it back-propagates by a
+        # hand-written Hessian-vector product) exactly when the potentials require grad
+        unary = self._masked(self.unary)
+        node, edge = chain_marginals(unary, self.pairwise, self.lengths, edges=True)
+        assert edge is not None
+        return node, edge
+
+    @cached_property
+    def _node_marginals(self) -> Tensor:
+        if "_marginals_tuple" in self.__dict__:
+            return self._marginals_tuple[0]
+        return chain_marginals(self._masked(self.unary), self.pairwise, self.lengths)[0]
+
     @property
     def marginals(self) -> Tensor:
         """p(z_i = c), shape [B, N, C] (0 at padding)."""
-        return self._marginals_tuple[0]
+        return self._node_marginals
 
     @property
     def edge_marginals(self) -> Tensor:

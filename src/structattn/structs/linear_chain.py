@@ -1,18 +1,30 @@
-"""Linear-chain dynamic programs: forward algorithm in any semiring, k-best Viterbi, scoring.
+"""Linear-chain dynamic programs: forward algorithm in any semiring, forward-backward by hand,
+k-best Viterbi, scoring.
 
 Shapes: ``unary`` [B, N, C] node log-potentials, ``pairwise`` [B, N-1, C, C] with
-``pairwise[b, i, a, c]`` the log-potential of (z_i = a, z_{i+1} = c), ``lengths`` [B] (or None).
-Positions ``>= lengths[b]`` are ignored. Time O(N C^2), sequential over N.
+``pairwise[b, i, a, c]`` the log-potential of (z_i = a, z_{i+1} = c) (:func:`chain_log_partition`
+and :func:`chain_marginals` also take one [C, C] matrix shared by every step), ``lengths`` [B]
+(or None). Positions ``>= lengths[b]`` are ignored. Time O(N C^2), sequential over N.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any, NamedTuple
+
 import torch
 from torch import Tensor
 
-from ..semirings import Semiring
+from ..semirings import LogSemiring, Semiring
 
-__all__ = ["chain_inside", "chain_inside_scan", "chain_kbest", "chain_score"]
+__all__ = [
+    "chain_inside",
+    "chain_inside_scan",
+    "chain_kbest",
+    "chain_log_partition",
+    "chain_marginals",
+    "chain_score",
+]
 
 
 def _use_scan(n: int, c: int) -> bool:
@@ -133,3 +145,501 @@ def chain_score(unary: Tensor, pairwise: Tensor, labels: Tensor, mask: Tensor) -
     edge_mask = mask[:, 1:]
     edge = edge.masked_fill(~edge_mask, 0.0).sum(-1)
     return node + edge
+
+
+# ---- forward-backward by hand ---------------------------------------------------------------
+#
+# Both forward passes below produce one scaled form. For an item of length L: per step i
+# (positions i -> i+1) a matrix K_i [C, C]; per position scaled forward values â_i [C],
+# weights V_i [C] (0 at padding) and an end vector e_i [C] (ω at L-1, 0 elsewhere), with
+#
+#   β̂_i(a) = Σ_c K_i(a, c) V_{i+1}(c) β̂_{i+1}(c) + e_i(a)          (backward sweep)
+#   p(z_i = a) = â_i(a) β̂_i(a),    p(z_i = a, z_{i+1} = c) = â_i(a) K_i(a, c) V_{i+1}(c) β̂_{i+1}(c).
+#
+# * scaled pass (Rabiner's scaling; used when exact, see `_scaled_steps`):
+#   K = exp(pairwise - m), m the largest transition; U_i = exp(unary_i - max_c unary_i);
+#   â_{i+1} = (â_i K_i) ⊙ U_{i+1} / n_{i+1} with n_{i+1} = Σ_c of the numerator every k-th
+#   position and 1 elsewhere; V_i = U_i / n_i; ω = 1 / Σ_c â_{L-1}(c);
+#   log Z = Σ_{i<L} (log n_i + max_c unary_i) + (L - 1) m - log ω.
+# * log-space pass (any potentials, -inf included): alpha by the forward algorithm,
+#   K_i(a, c) = p(z_i = a | z_{i+1} = c) = exp(alpha_i(a) + pairwise_i(a, c) - pre_{i+1}(c)) with
+#   pre_{i+1} = alpha_{i+1} - unary_{i+1}; â = 1, V = 1 at real positions, ω = p(z_{L-1}).
+#
+# V is either kept apart (K shared by every step: one [C, C] matrix product per step) or
+# folded into per-step matrices K_i diag(V_{i+1}) [B, N-1, C, C] (few labels: one batched
+# product per step). After the forward pass every sweep is a linear recurrence (one small
+# matrix product per step, no logsumexp, no autograd graph), and so is the Hessian-vector
+# product (`_hvp`).
+
+#: up to this many labels, V is folded into per-step matrices
+_FOLD_LABELS = 4
+
+
+class _Pass(NamedTuple):
+    """The forward pass of one batch in the scaled form above."""
+
+    scaled: Tensor  # â [B, N, C]
+    trans: Tensor  # K [C, C] (shared), or K_i diag(V_{i+1}) [B, N-1, C, C] (V folded in)
+    weight: Tensor | None  # V [B, N, C] with a shared K; None when folded
+    end: Tensor  # e [B, N, C]
+    logz: Tensor  # [B]
+    beta: Tensor | None  # β̂ [B, N, C] when the pass computed it on the way, else None
+
+
+def _last_index(unary: Tensor, lengths: Tensor | None) -> Tensor:
+    """Index L-1 of each item's last position, LongTensor [B]."""
+    batch, n, _ = unary.shape
+    if lengths is None:
+        return torch.full((batch,), n - 1, dtype=torch.long, device=unary.device)
+    return lengths - 1
+
+
+def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
+    """(k, any position without a label) for the scaled pass: it may take k steps between
+    normalisations (k = 0: it is not exact). ``top`` [B, N, 1]: each position's largest
+    unary. One host sync.
+
+    With R the spread of the transitions (max - min; +inf if any is -inf), K >= e^-R, so one
+    step shrinks Σ_c â by at most e^-R and grows it by at most C; a label whose U_i
+    underflows, or whose â_i falls below tiny times Σ_c â_i, has a relative weight below
+    tiny e^{kR} and (the backward factors of two labels differ by at most e^R) a marginal
+    below tiny e^{(k+1)R} C. Both stay negligible, and nothing overflows, when
+    (k + 1)(R + log C) <= 0.6 log(1 / tiny); the pass is used when R <= 0.3 log(1 / tiny) - log C.
+    """
+    c, n = pairwise.shape[-1], top.shape[1]
+    spread = pairwise.max() - pairwise.min() if pairwise.numel() else pairwise.new_zeros(())
+    lowest = top.min() if top.numel() else top.new_zeros(())
+    spread_f, lowest_f = torch.stack([spread, lowest]).tolist()  # +inf if any -inf transition
+    empty = lowest_f == float("-inf")
+    if pairwise.dtype not in (torch.float32, torch.float64):
+        return 0, empty
+    budget = -math.log(torch.finfo(pairwise.dtype).tiny)  # 87 in float32, 708 in float64
+    if spread_f > 0.3 * budget - math.log(c):
+        return 0, empty
+    rate = spread_f + math.log(c)
+    if rate <= 0.0:
+        return max(n, 1), empty
+    return max(1, min(n, int(0.6 * budget / rate) - 1)), empty
+
+
+def _recur(mats: Tensor, adds: Tensor) -> Tensor:
+    """x_0 = adds_0, x_{j+1} = x_j mats_j + adds_{j+1}: mats [B, S, C, C], adds [B, S+1, C]
+    -> [B, S+1, C] (one batched product per step)."""
+    steps = mats.unbind(1)  # [B, C, C] each
+    terms = adds.unsqueeze(2).unbind(1)  # [B, 1, C] each
+    x = terms[0]
+    outs = [x]
+    for j, step in enumerate(steps):
+        x = torch.baddbmm(terms[j + 1], x, step)
+        outs.append(x)
+    return torch.cat(outs, 1)
+
+
+def _two_way(
+    mats: Tensor, on: Tensor | None, back: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """Two linear recurrences over per-step matrices A_i = mats[:, i] [B, N-1, C, C], run in
+    one loop (the backward one reversed and stacked on the batch):
+      on:   x_0 = on_0,            x_{i+1} = x_i A_i + on_{i+1}
+      back: y_{N-1} = back_{N-1},  y_i = A_i y_{i+1} + back_i
+    ``on``, ``back``: [B, N, C] or None (not run)."""
+    batch = mats.shape[0]
+    parts, adds = [], []
+    if on is not None:
+        parts.append(mats)
+        adds.append(on)
+    if back is not None:
+        parts.append(mats.transpose(-1, -2).flip(1))  # A_{N-2-j}^T
+        adds.append(back.flip(1))
+    out = _recur(torch.cat(parts), torch.cat(adds)) if len(parts) > 1 else _recur(parts[0], adds[0])
+    x = out[:batch] if on is not None else None
+    y = out[-batch:].flip(1) if back is not None else None
+    return x, y
+
+
+def _scaled_pass(
+    unary: Tensor, top: Tensor, pairwise: Tensor, last: Tensor, every: int, any_empty: bool
+) -> _Pass:
+    batch, n, c = unary.shape
+    positions = torch.arange(n, device=unary.device)
+    real = positions < (last + 1).unsqueeze(-1)  # [B, N]
+    is_end = positions == last.unsqueeze(-1)  # [B, N]
+    dead = None
+    if any_empty:  # positions where every label is -inf
+        empty = torch.isneginf(top)  # [B, N, 1]
+        dead = (empty.squeeze(-1) & real).any(-1)  # [B]: no valid structure
+        top = top.masked_fill(empty, 0.0)
+        # U = 1 there, so that nothing divides by 0; their items are zeroed below
+        unary = unary.masked_fill(empty, 0.0)
+        real = real & ~dead.unsqueeze(-1)
+        is_end = is_end & ~dead.unsqueeze(-1)
+    u = torch.exp(unary - top)  # U [B, N, C], max 1 per position
+    shift = pairwise.max() if pairwise.numel() else pairwise.new_zeros(())
+    trans = torch.exp(pairwise - shift)  # K, entries in [e^-R, 1]
+    logz = (top.squeeze(-1) * real).sum(-1) + last * shift  # [B], without the Σ log n_i
+    keep = real.unsqueeze(-1).to(unary.dtype)  # [B, N, 1]: real positions of live items
+    end = is_end.unsqueeze(-1).to(unary.dtype)  # [B, N, 1]
+    fold = trans.dim() == 4 or c <= _FOLD_LABELS
+    if fold and every >= n:
+        # no normalisation (n_i = 1): V = U at real positions is known before the forward
+        # pass, and the forward pass and the backward sweep (with ω = 1, rescaled after) run
+        # in one loop
+        steps = trans * (u * keep)[:, 1:, None, :]  # K_i diag(V_{i+1}) [B, N-1, C, C]
+        start = u * (positions == 0).view(1, n, 1).to(u.dtype)  # U_0 at position 0, else 0
+        scaled, beta_unit = _two_way(steps, start, end.expand(batch, n, c))
+        assert scaled is not None and beta_unit is not None
+        omega, logz = _close(scaled, end, logz, dead)
+        return _Pass(scaled, steps, None, end * omega, logz, beta_unit * omega)
+    norms = [u.new_ones(())] * n  # n_i: Σ of the numerator every `every` steps, else 1
+    if fold:
+        mats = (trans * u[:, 1:, None, :]).unbind(1)  # K_i diag(U_{i+1}) [B, C, C]
+        x = u[:, :1]  # [B, 1, C]
+        outs = [x]
+        for i in range(1, n):
+            x = torch.bmm(x, mats[i - 1])  # â_i = â_{i-1} K_{i-1} diag(U_i)
+            if i % every == 0:
+                norms[i] = x.sum(-1, keepdim=True)  # [B, 1, 1]
+                x = x / norms[i]
+            outs.append(x)
+        scaled = torch.cat(outs, 1)  # [B, N, C]
+    else:
+        u_steps = u.unbind(1)
+        x = u_steps[0]  # [B, C]
+        outs = [x]
+        for i in range(1, n):
+            x = (x @ trans).mul_(u_steps[i])  # â_i = (â_{i-1} K) ⊙ U_i
+            if i % every == 0:
+                norms[i] = x.sum(-1, keepdim=True).unsqueeze(1)  # [B, 1, 1]
+                x = x / norms[i][:, 0]
+            outs.append(x)
+        scaled = torch.stack(outs, 1)  # [B, N, C]
+    if every < n:
+        norm_all = torch.cat([t.expand(batch, 1, 1) for t in norms], 1)  # [B, N, 1]
+        logz = logz + (norm_all.log().squeeze(-1) * real).sum(-1)
+        keep = keep / norm_all
+    omega, logz = _close(scaled, end, logz, dead)
+    if fold:
+        steps_v = trans * (u * keep)[:, 1:, None, :]  # K_i diag(V_{i+1}) [B, N-1, C, C]
+        return _Pass(scaled, steps_v, None, end * omega, logz, None)
+    return _Pass(scaled, trans, u * keep, end * omega, logz, None)
+
+
+def _close(scaled: Tensor, end: Tensor, logz: Tensor, dead: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(ω = 1 / Σ_c â_{L-1}(c) [B, 1, 1], log Z [B]) from the scaled forward values, the end
+    indicator [B, N, 1] (0 for dead items) and log Z without log Σ_c â_{L-1}."""
+    final = (scaled * end).flatten(1).sum(-1)  # Σ_c â_{L-1}(c) [B]
+    if dead is not None:
+        final = final + dead  # 1 instead of 0: no division by 0
+    logz = logz + final.log()
+    if dead is not None:
+        logz = logz.masked_fill(dead, float("-inf"))
+    return (1.0 / final).view(-1, 1, 1), logz
+
+
+def _log_pass(unary: Tensor, pairwise: Tensor, last: Tensor) -> _Pass:
+    batch, n, c = unary.shape
+    positions = torch.arange(n, device=unary.device)
+    transposed = pairwise.transpose(-1, -2)  # pairwise_i^T, indexed [.., c, a]
+    steps_t = [transposed] * (n - 1) if pairwise.dim() == 2 else list(transposed.unbind(1))
+    u_steps = unary.unbind(1)
+    alpha = u_steps[0]
+    alphas, pres = [alpha], []
+    for i in range(1, n):
+        # pre_i(c) = log Σ_a exp(alpha_{i-1}(a) + pairwise_{i-1}(a, c)),  alpha_i = pre_i + unary_i
+        pre = torch.logsumexp(alpha.unsqueeze(-2) + steps_t[i - 1], dim=-1)  # [B, C]
+        alpha = pre + u_steps[i]
+        alphas.append(alpha)
+        pres.append(pre)
+    alpha_all = torch.stack(alphas, 1)  # [B, N, C]
+    final = alpha_all.gather(1, last.view(batch, 1, 1).expand(batch, 1, c)).squeeze(1)  # [B, C]
+    logz = torch.logsumexp(final, dim=-1)  # [B]
+    safe = logz.masked_fill(torch.isneginf(logz), 0.0).unsqueeze(-1)
+    omega = torch.exp(final - safe)  # ω = p(z_{L-1}) [B, C]; 0 if no valid structure
+    real = positions < (last + 1).unsqueeze(-1)  # [B, N]
+    if n > 1:
+        pre_all = torch.stack(pres, 1)  # [B, N-1, C]
+        pre_all = pre_all.masked_fill(torch.isneginf(pre_all), 0.0)  # -inf there: K = 0
+        trans = torch.exp(alpha_all[:, :-1, :, None] + pairwise - pre_all[:, :, None, :])
+        trans = trans * real[:, 1:, None, None]  # K_i diag(V_{i+1}): 0 into padding
+    else:
+        trans = unary.new_zeros(batch, 0, c, c)
+    end = (positions == last.unsqueeze(-1)).unsqueeze(-1) * omega.unsqueeze(1)  # [B, N, C]
+    return _Pass(torch.ones_like(unary), trans, None, end, logz, None)
+
+
+def _forward_pass(unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str) -> _Pass:
+    """The forward pass without autograd; ``method`` is 'auto', 'scaled' or 'log'."""
+    if method not in ("auto", "scaled", "log"):
+        raise ValueError(f"`method` must be 'auto', 'scaled' or 'log', got {method!r}")
+    last = _last_index(unary, lengths)
+    with torch.no_grad():
+        unary, pairwise = unary.detach(), pairwise.detach()
+        if method != "log":
+            top = unary.amax(-1, keepdim=True)  # [B, N, 1]
+            every, any_empty = _scaled_steps(pairwise, top)
+            if every:
+                return _scaled_pass(unary, top, pairwise, last, every, any_empty)
+            if method == "scaled":
+                raise ValueError("the scaled pass is not exact for these transitions")
+        return _log_pass(unary, pairwise, last)
+
+
+def _after(fw: _Pass, x: Tensor) -> Tensor:
+    """V_{i+1} ⊙ x_{i+1} for the N-1 steps: x [B, N, C] -> [B, N-1, C]."""
+    return x[:, 1:] if fw.weight is None else fw.weight[:, 1:] * x[:, 1:]
+
+
+def _sweeps(
+    fw: _Pass, on: Tensor | None, back: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """The linear recurrences of the scaled form, [B, N, C] each (None if not asked):
+    on:   x_0 = on_0,            x_{i+1} = V_{i+1} ⊙ (x_i K_i) + on_{i+1}
+    back: y_{N-1} = back_{N-1},  y_i = K_i (V_{i+1} ⊙ y_{i+1}) + back_i"""
+    if fw.weight is None:  # V folded into per-step matrices: both in one loop
+        return _two_way(fw.trans, on, back)
+    trans, weights = fw.trans, fw.weight.unbind(1)
+    n = fw.scaled.shape[1]
+    x = y = None
+    if on is not None:
+        adds = on.unbind(1)
+        x = adds[0]
+        outs = [x]
+        for i in range(1, n):
+            x = torch.addcmul(adds[i], weights[i], x @ trans)
+            outs.append(x)
+        x = torch.stack(outs, 1)
+    if back is not None:
+        trans_t, adds = trans.t(), back.unbind(1)
+        y = adds[-1]
+        outs = [y]
+        for i in range(n - 2, -1, -1):
+            y = torch.addmm(adds[i], weights[i + 1] * y, trans_t)
+            outs.append(y)
+        y = torch.stack(outs[::-1], 1)
+    return x, y
+
+
+def _beta(fw: _Pass) -> Tensor:
+    """β̂ [B, N, C] (0 at padding)."""
+    if fw.beta is not None:
+        return fw.beta
+    _, beta = _sweeps(fw, None, fw.end.expand_as(fw.scaled))
+    assert beta is not None
+    return beta
+
+
+def _times_all(fw: _Pass, x: Tensor) -> Tensor:
+    """K_i x_i for every step at once: x [B, N-1, C] -> [B, N-1, C] (x already carries V)."""
+    if fw.trans.dim() == 2:
+        return x @ fw.trans.t()
+    return (fw.trans @ x.unsqueeze(-1)).squeeze(-1)
+
+
+def _edge_marginals(fw: _Pass, beta: Tensor) -> Tensor:
+    """p(z_i = a, z_{i+1} = c) = â_i(a) K_i(a, c) V_{i+1}(c) β̂_{i+1}(c): [B, N-1, C, C]."""
+    return fw.scaled[:, :-1, :, None] * fw.trans * _after(fw, beta)[:, :, None, :]
+
+
+def _pairwise_grad(fw: _Pass, beta: Tensor, seed: Tensor, shared: bool) -> Tensor:
+    """Σ_b seed_b p_b(z_i = a, z_{i+1} = c): summed over items and steps into [C, C] if
+    ``shared``, else [B, N-1, C, C]."""
+    if fw.weight is None:
+        edge = _edge_marginals(fw, beta) * seed.view(-1, 1, 1, 1)
+        return edge.sum((0, 1)) if shared else edge
+    c = fw.trans.shape[-1]
+    after = _after(fw, beta).reshape(-1, c)  # [B(N-1), C]
+    before = (fw.scaled[:, :-1] * seed.view(-1, 1, 1)).reshape(-1, c)  # [B(N-1), C]
+    return fw.trans * (before.t() @ after)
+
+
+def _hvp(
+    fw: _Pass, beta: Tensor, g_node: Tensor | None, g_edge: Tensor | None, shared: bool
+) -> tuple[Tensor, Tensor]:
+    """Hessian of log Z times the direction (g_node [B, N, C], g_edge [B, N-1, C, C]), i.e. the
+    derivative of the marginals along it, by forward-mode tangents of both passes:
+
+      dot A = Σ_i <p(z_i), g_i> + Σ_i <p(z_i, z_{i+1}), g_edge_i>      (tangent of log Z)
+      q_i = â_i ⊙ dot alpha_i:  q_0 = â_0 ⊙ g_0,
+            q_{i+1} = V_{i+1} ⊙ (q_i K_i + Σ_a â_i(a) K_i(a, ·) g_edge_i(a, ·)) + â_{i+1} ⊙ g_{i+1}
+      r_i = p(z_i) dot beta_i / â_i:  r_i = K_i (V_{i+1} ⊙ r_{i+1}) + κ_i,
+            κ_i(a) = Σ_c K_i(a, c) V_{i+1}(c) β̂_{i+1}(c) (g_{i+1}(c) + g_edge_i(a, c))
+      d p(z_i)          = β̂_i ⊙ q_i + â_i ⊙ r_i - p(z_i) dot A
+      d p(z_i, z_{i+1}) = K_i ⊙ (q_i ⊗ X_{i+1} + â_i ⊗ Y_{i+1}) + p(z_i, z_{i+1}) ⊙ g_edge_i,
+            X = V ⊙ β̂,  Y = V ⊙ r + X ⊙ (g - dot A)
+
+    Returns (unary part [B, N, C], pairwise part: [C, C] if ``shared``, else [B, N-1, C, C]).
+    """
+    scaled, trans = fw.scaled, fw.trans
+    node = scaled * beta  # [B, N, C]
+    g = torch.zeros_like(node) if g_node is None else g_node
+    after = _after(fw, beta)  # X [B, N-1, C]
+    dot = (node * g).flatten(1).sum(-1)  # [B]
+    edge = None
+    add_q = scaled * g  # [B, N, C]
+    kappa = _times_all(fw, after * g[:, 1:])  # [B, N-1, C]
+    if g_edge is not None:
+        edge = _edge_marginals(fw, beta)
+        dot = dot + (edge * g_edge).flatten(1).sum(-1)
+        k_edge = trans * g_edge  # [B, N-1, C, C]
+        into = (scaled[:, :-1, :, None] * k_edge).sum(-2)  # [B, N-1, C]
+        if fw.weight is not None:
+            into = fw.weight[:, 1:] * into
+        add_q = add_q + torch.cat([torch.zeros_like(add_q[:, :1]), into], 1)
+        kappa = kappa + (k_edge * after[:, :, None, :]).sum(-1)
+    kappa = torch.cat([kappa, torch.zeros_like(kappa[:, :1])], 1)  # [B, N, C]
+    q, r = _sweeps(fw, add_q, kappa)
+    assert q is not None and r is not None
+    dot3 = dot.view(-1, 1, 1)
+    d_unary = beta * q + scaled * r - node * dot3
+    y = _after(fw, r) + after * (g[:, 1:] - dot3)  # [B, N-1, C]
+    if fw.weight is not None and edge is None:  # shared K: [C, C] directly
+        c = trans.shape[-1]
+        left = torch.cat([q[:, :-1], scaled[:, :-1]], 1).reshape(-1, c)  # [2B(N-1), C]
+        right = torch.cat([after, y], 1).reshape(-1, c)
+        return d_unary, trans * (left.t() @ right)
+    d_pair = q[:, :-1, :, None] * after[:, :, None, :] + scaled[:, :-1, :, None] * y[:, :, None, :]
+    d_pair = trans * d_pair
+    if edge is not None and g_edge is not None:
+        d_pair = d_pair + edge * g_edge
+    return d_unary, d_pair.sum((0, 1)) if shared else d_pair
+
+
+def _per_step(pairwise: Tensor, batch: int, n: int) -> Tensor:
+    """Transitions as [B, N-1, C, C] (a view when shared)."""
+    c = pairwise.shape[-1]
+    return pairwise.expand(batch, n - 1, c, c) if pairwise.dim() == 2 else pairwise
+
+
+def _hvp_by_autograd(
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    g_node: Tensor | None,
+    g_edge: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The same Hessian-vector product by autograd through :func:`chain_inside`, itself
+    differentiable (third order and beyond)."""
+    with torch.enable_grad():
+        u = unary if unary.requires_grad else unary.detach().requires_grad_()
+        p = pairwise if pairwise.requires_grad else pairwise.detach().requires_grad_()
+        steps = _per_step(p, u.shape[0], u.shape[1])
+        logz = chain_inside(u, steps, lengths, LogSemiring)
+        node, edge = torch.autograd.grad(logz.sum(), (u, steps), create_graph=True)
+        pairs = [(node, g_node), (edge, g_edge)]
+        outs = [o for o, g in pairs if g is not None]
+        grads = [g for _, g in pairs if g is not None]
+        d_unary, d_pair = torch.autograd.grad(
+            outs, (u, p), grads, create_graph=True, allow_unused=True, materialize_grads=True
+        )
+    return d_unary, d_pair
+
+
+class _ChainLogPartition(torch.autograd.Function):
+    """log Z [B] (forward: the forward pass, no autograd graph; backward: the backward sweep
+    by hand, the marginals times the incoming gradient). When the backward is differentiated
+    again (``create_graph``), the marginals come from :class:`_ChainMarginals`, whose
+    backward is a Hessian-vector product by hand."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str
+    ) -> Tensor:
+        fw = _forward_pass(unary, pairwise, lengths, method)
+        ctx.save_for_backward(unary, pairwise, *fw)
+        ctx.lengths = lengths
+        ctx.method = method
+        return fw.logz
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        unary, pairwise, *saved = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            node, edge = _ChainMarginals.apply(unary, pairwise, ctx.lengths, True, ctx.method)
+            d_pair = edge * grad.view(-1, 1, 1, 1)
+            if pairwise.dim() == 2:
+                d_pair = d_pair.sum((0, 1))
+            return node * grad.view(-1, 1, 1), d_pair, None, None
+        fw = _Pass(*saved)
+        beta = _beta(fw)
+        d_unary = fw.scaled * beta * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
+        shared = pairwise.dim() == 2
+        d_pair = _pairwise_grad(fw, beta, grad, shared) if ctx.needs_input_grad[1] else None
+        return d_unary, d_pair, None, None
+
+
+class _ChainMarginals(torch.autograd.Function):
+    """Node marginals [B, N, C] (and edge marginals [B, N-1, C, C] if ``edges``) by the
+    forward pass and the backward sweep; backward: the Hessian-vector product by hand
+    (:func:`_hvp`). Differentiating that once more falls back to autograd through
+    :func:`chain_inside` (any order)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        unary: Tensor,
+        pairwise: Tensor,
+        lengths: Tensor | None,
+        edges: bool,
+        method: str,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        fw = _forward_pass(unary, pairwise, lengths, method)
+        beta = _beta(fw)
+        fw = fw._replace(beta=beta)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(unary, pairwise, *fw)
+        ctx.lengths = lengths
+        node = fw.scaled * beta
+        if edges:
+            return node, _edge_marginals(fw, beta)
+        return node
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_node: Tensor | None, g_edge: Tensor | None = None
+    ) -> tuple[Tensor | None, ...]:
+        unary, pairwise, *saved = ctx.saved_tensors
+        if g_node is None and g_edge is None:
+            return None, None, None, None, None
+        if torch.is_grad_enabled():
+            d_unary, d_pair = _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
+        else:
+            fw = _Pass(*saved)
+            assert fw.beta is not None
+            shared = pairwise.dim() == 2
+            d_unary, d_pair = _hvp(fw, fw.beta, g_node, g_edge, shared)
+        return (
+            d_unary if ctx.needs_input_grad[0] else None,
+            d_pair if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+            None,
+        )
+
+
+def chain_log_partition(
+    unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str = "auto"
+) -> Tensor:
+    """log Z [B], differentiable to any order (first order by a hand-written backward sweep).
+
+    ``pairwise`` [C, C] (shared) or [B, N-1, C, C]; ``unary`` must be 0 (or finite) at
+    padding. ``method``: ``"scaled"`` (probability space with per-position normalisation;
+    exact only for finite transitions of moderate spread), ``"log"`` (log space, any
+    potentials) or ``"auto"`` (scaled when exact)."""
+    return _ChainLogPartition.apply(unary, pairwise, lengths, method)
+
+
+def chain_marginals(
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    edges: bool = False,
+    method: str = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """(p(z_i = c) [B, N, C], p(z_i = a, z_{i+1} = c) [B, N-1, C, C] or None) by
+    forward-backward, 0 at padding and for items with no valid structure. Differentiable to
+    any order; the first backward (a loss on the marginals) is a hand-written
+    Hessian-vector product, not a double backward. Arguments as :func:`chain_log_partition`."""
+    out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method)
+    if edges:
+        return out[0], out[1]
+    return out, None
