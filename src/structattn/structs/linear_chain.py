@@ -151,7 +151,7 @@ def chain_score(unary: Tensor, pairwise: Tensor, labels: Tensor, mask: Tensor) -
 #
 # Both forward passes below produce one scaled form. For an item of length L: per step i
 # (positions i -> i+1) a matrix K_i [C, C]; per position scaled forward values â_i [C],
-# weights V_i [C] (0 at padding) and an end vector e_i [C] (ω at L-1, 0 elsewhere), with
+# weights V_i [C] and an end vector e_i [C] (ω at L-1, 0 elsewhere: β̂ is 0 at padding), with
 #
 #   β̂_i(a) = Σ_c K_i(a, c) V_{i+1}(c) β̂_{i+1}(c) + e_i(a)          (backward sweep)
 #   p(z_i = a) = â_i(a) β̂_i(a),    p(z_i = a, z_{i+1} = c) = â_i(a) K_i(a, c) V_{i+1}(c) β̂_{i+1}(c).
@@ -163,7 +163,8 @@ def chain_score(unary: Tensor, pairwise: Tensor, labels: Tensor, mask: Tensor) -
 #   log Z = Σ_{i<L} (log n_i + max_c unary_i) + (L - 1) m - log ω.
 # * log-space pass (any potentials, -inf included): alpha by the forward algorithm,
 #   K_i(a, c) = p(z_i = a | z_{i+1} = c) = exp(alpha_i(a) + pairwise_i(a, c) - pre_{i+1}(c)) with
-#   pre_{i+1} = alpha_{i+1} - unary_{i+1}; â = 1, V = 1 at real positions, ω = p(z_{L-1}).
+#   pre_{i+1} = alpha_{i+1} - unary_{i+1} (alpha shifted to max 0 at each position); â = 1,
+#   V = 1 at real positions, ω = p(z_{L-1}).
 #
 # V is either kept apart (K shared by every step: one [C, C] matrix product per step) or
 # folded into per-step matrices K_i diag(V_{i+1}) [B, N-1, C, C] (few labels: one batched
@@ -271,32 +272,30 @@ def _scaled_pass(
         top = top.masked_fill(empty, 0.0)
         # U = 1 there, so that nothing divides by 0; their items are zeroed below
         unary = unary.masked_fill(empty, 0.0)
-        real = real & ~dead.unsqueeze(-1)
-        is_end = is_end & ~dead.unsqueeze(-1)
+        is_end = is_end & ~dead.unsqueeze(-1)  # ω = 0: every marginal 0
     u = torch.exp(unary - top)  # U [B, N, C], max 1 per position
     shift = pairwise.max() if pairwise.numel() else pairwise.new_zeros(())
     trans = torch.exp(pairwise - shift)  # K, entries in [e^-R, 1]
     logz = (top.squeeze(-1) * real).sum(-1) + last * shift  # [B], without the Σ log n_i
-    keep = real.unsqueeze(-1).to(unary.dtype)  # [B, N, 1]: real positions of live items
     end = is_end.unsqueeze(-1).to(unary.dtype)  # [B, N, 1]
     fold = trans.dim() == 4 or c <= _FOLD_LABELS
+    if fold:
+        mats = trans * u[:, 1:, None, :]  # K_i diag(U_{i+1}) [B, N-1, C, C]
     if fold and every >= n:
-        # no normalisation (n_i = 1): V = U at real positions is known before the forward
-        # pass, and the forward pass and the backward sweep (with ω = 1, rescaled after) run
-        # in one loop
-        steps = trans * (u * keep)[:, 1:, None, :]  # K_i diag(V_{i+1}) [B, N-1, C, C]
+        # no normalisation (n_i = 1, V = U): the forward pass and the backward sweep (with
+        # ω = 1, rescaled after) run in one loop
         start = u * (positions == 0).view(1, n, 1).to(u.dtype)  # U_0 at position 0, else 0
-        scaled, beta_unit = _two_way(steps, start, end.expand(batch, n, c))
+        scaled, beta_unit = _two_way(mats, start, end.expand(batch, n, c))
         assert scaled is not None and beta_unit is not None
         omega, logz = _close(scaled, end, logz, dead)
-        return _Pass(scaled, steps, None, end * omega, logz, beta_unit * omega)
+        return _Pass(scaled, mats, None, end * omega, logz, beta_unit * omega)
     norms = [u.new_ones(())] * n  # n_i: Σ of the numerator every `every` steps, else 1
     if fold:
-        mats = (trans * u[:, 1:, None, :]).unbind(1)  # K_i diag(U_{i+1}) [B, C, C]
+        steps = mats.unbind(1)  # [B, C, C]
         x = u[:, :1]  # [B, 1, C]
         outs = [x]
         for i in range(1, n):
-            x = torch.bmm(x, mats[i - 1])  # â_i = â_{i-1} K_{i-1} diag(U_i)
+            x = torch.bmm(x, steps[i - 1])  # â_i = â_{i-1} K_{i-1} diag(U_i)
             if i % every == 0:
                 norms[i] = x.sum(-1, keepdim=True)  # [B, 1, 1]
                 x = x / norms[i]
@@ -313,15 +312,12 @@ def _scaled_pass(
                 x = x / norms[i][:, 0]
             outs.append(x)
         scaled = torch.stack(outs, 1)  # [B, N, C]
-    if every < n:
-        norm_all = torch.cat([t.expand(batch, 1, 1) for t in norms], 1)  # [B, N, 1]
-        logz = logz + (norm_all.log().squeeze(-1) * real).sum(-1)
-        keep = keep / norm_all
+    norm_all = torch.cat([t.expand(batch, 1, 1) for t in norms], 1)  # n [B, N, 1]
+    logz = logz + (norm_all.log().squeeze(-1) * real).sum(-1)
     omega, logz = _close(scaled, end, logz, dead)
-    if fold:
-        steps_v = trans * (u * keep)[:, 1:, None, :]  # K_i diag(V_{i+1}) [B, N-1, C, C]
-        return _Pass(scaled, steps_v, None, end * omega, logz, None)
-    return _Pass(scaled, trans, u * keep, end * omega, logz, None)
+    if fold:  # K_i diag(V_{i+1}) = K_i diag(U_{i+1}) / n_{i+1}
+        return _Pass(scaled, mats / norm_all[:, 1:, None], None, end * omega, logz, None)
+    return _Pass(scaled, trans, u / norm_all, end * omega, logz, None)
 
 
 def _close(scaled: Tensor, end: Tensor, logz: Tensor, dead: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -339,28 +335,35 @@ def _close(scaled: Tensor, end: Tensor, logz: Tensor, dead: Tensor | None) -> tu
 def _log_pass(unary: Tensor, pairwise: Tensor, last: Tensor) -> _Pass:
     batch, n, c = unary.shape
     positions = torch.arange(n, device=unary.device)
+    real = positions < (last + 1).unsqueeze(-1)  # [B, N]
     transposed = pairwise.transpose(-1, -2)  # pairwise_i^T, indexed [.., c, a]
     steps_t = [transposed] * (n - 1) if pairwise.dim() == 2 else list(transposed.unbind(1))
+    lowest = torch.finfo(unary.dtype).min  # a finite shift for an all -inf alpha
     u_steps = unary.unbind(1)
-    alpha = u_steps[0]
-    alphas, pres = [alpha], []
+    # alpha is kept shifted to max 0 (alpha_i - m_i): the exponents of K below then carry
+    # no rounding error of |log Z| size
+    shift = u_steps[0].amax(-1, keepdim=True).clamp_min(lowest)  # m_0 [B, 1]
+    alpha = u_steps[0] - shift
+    alphas, pres, shifts = [alpha], [], [shift]
     for i in range(1, n):
         # pre_i(c) = log Σ_a exp(alpha_{i-1}(a) + pairwise_{i-1}(a, c)),  alpha_i = pre_i + unary_i
         pre = torch.logsumexp(alpha.unsqueeze(-2) + steps_t[i - 1], dim=-1)  # [B, C]
         alpha = pre + u_steps[i]
+        shift = alpha.amax(-1, keepdim=True).clamp_min(lowest)
+        alpha = alpha - shift
         alphas.append(alpha)
         pres.append(pre)
+        shifts.append(shift)
     alpha_all = torch.stack(alphas, 1)  # [B, N, C]
     final = alpha_all.gather(1, last.view(batch, 1, 1).expand(batch, 1, c)).squeeze(1)  # [B, C]
-    logz = torch.logsumexp(final, dim=-1)  # [B]
-    safe = logz.masked_fill(torch.isneginf(logz), 0.0).unsqueeze(-1)
+    local = torch.logsumexp(final, dim=-1)  # [B]
+    safe = local.masked_fill(torch.isneginf(local), 0.0).unsqueeze(-1)
     omega = torch.exp(final - safe)  # ω = p(z_{L-1}) [B, C]; 0 if no valid structure
-    real = positions < (last + 1).unsqueeze(-1)  # [B, N]
+    logz = local + (torch.cat(shifts, 1) * real).sum(-1)  # log Z = Σ_{i<L} m_i + local
     if n > 1:
         pre_all = torch.stack(pres, 1)  # [B, N-1, C]
         pre_all = pre_all.masked_fill(torch.isneginf(pre_all), 0.0)  # -inf there: K = 0
         trans = torch.exp(alpha_all[:, :-1, :, None] + pairwise - pre_all[:, :, None, :])
-        trans = trans * real[:, 1:, None, None]  # K_i diag(V_{i+1}): 0 into padding
     else:
         trans = unary.new_zeros(batch, 0, c, c)
     end = (positions == last.unsqueeze(-1)).unsqueeze(-1) * omega.unsqueeze(1)  # [B, N, C]
