@@ -153,17 +153,18 @@ def _groups(comp: Tensor, inner: Tensor) -> Tensor:
 
 
 def _weights(
-    terms: Tensor, inner: Tensor, inc: Tensor, comp: Tensor, open_root: Tensor | None
+    terms: Tensor, sums: Tensor, inc: Tensor, open_root: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """Split weights of width w (softmax of each sum's terms): (P [B, 3, n, w] over the terms,
     r [B, 2, n] of the I(s, w) term of the complete spans). ``terms`` must hold ``-inf`` in
-    the I(s, w) slots; ``comp`` is the complete chart's (masked) values, ``open_root`` [B]
+    the I(s, w) slots; ``sums`` [B, 3, n] = (C_L, inner, C_R) of width w; ``open_root`` [B]
     marks the single-root items whose ROOT span of this width is masked (weights 0)."""
-    norms = _safe(_groups(comp, inner))  # [B, 3, n]
-    if open_root is not None:
-        norms[:, 2, 0].masked_fill_(open_root, float("inf"))
+    norms = sums.clamp_min(torch.finfo(sums.dtype).min)  # -inf: exp(-inf - it) = 0, no NaN
     p = (terms - norms.unsqueeze(-1)).exp_()
     r = (inc - norms[:, 0::2]).exp_()
+    if open_root is not None:
+        p[:, 2, 0].masked_fill_(open_root.unsqueeze(-1), 0.0)
+        r[:, 1, 0].masked_fill_(open_root, 0.0)
     return p, r
 
 
@@ -190,10 +191,8 @@ class _Charts(NamedTuple):
         terms = lay.first(self.chart, w) + lay.second(self.chart, w)
         terms[:, 0, :, 0] = float("-inf")  # the I(s, w) slots
         terms[:, 2, :, w - 1] = float("-inf")
-        inner = self.inner[:, None, :n, w]
-        return _weights(
-            terms, inner, lay.inc(self.chart, w), lay.comp(self.chart, w), self.open_root(w)
-        )
+        sums = _groups(lay.comp(self.chart, w), self.inner[:, None, :n, w])
+        return _weights(terms, sums, lay.inc(self.chart, w), self.open_root(w))
 
 
 def _eisner_charts(
@@ -215,27 +214,28 @@ def _eisner_charts(
     for w in range(1, size):
         n = size - w
         terms = lay.first(chart, w) + lay.second(chart, w)  # [B, 3, n, w]
+        open_root = None if multiroot else last != w
         if splits is None:
             sums = torch.logsumexp(terms, -1)  # [B, 3, n]: (left partial, inner, right partial)
+            # I(s, w) = inner + arc                                             [B, 2, n]
+            inc = torch.add(sums[:, 1:2], arcs[w][:, :, :n], out=lay.inc(chart, w))
+            comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
+            torch.logaddexp(comp, inc, out=comp)
+            if weights is not None:
+                weights.append(_weights(terms, sums, inc, open_root))
+            else:
+                inner[:, :n, w] = sums[:, 1]
         else:
             sums, index = terms.max(-1)
-        inner_w = sums[:, 1:2]  # [B, 1, n]
-        inner[:, :n, w] = inner_w[:, 0]
-        inc = inner_w + arcs[w][:, :, :n]  # [B, 2, n]: I(s, w) = inner + arc
-        lay.inc(chart, w).copy_(inc)
-        partial = sums[:, 0::2]  # [B, 2, n]
-        if splits is None:
-            comp = torch.logaddexp(partial, inc)
-        else:  # ties as the plain max over j: left takes I (j = 0), right the partial
+            inc = torch.add(sums[:, 1:2], arcs[w][:, :, :n], out=lay.inc(chart, w))
+            partial = sums[:, 0::2]
+            # ties as the plain max over j: left takes I (j = 0), right the partial
             direct = torch.stack([inc[:, 0] >= partial[:, 0], inc[:, 1] > partial[:, 1]], 1)
             comp = torch.where(direct, inc, partial)
             splits.append((index, direct))
-        if not multiroot:  # ROOT's right span is closed only at the sentence end
-            comp[:, 1, 0].masked_fill_(last != w, float("-inf"))
+        if open_root is not None:  # ROOT's right span is closed only at the sentence end
+            comp[:, 1, 0].masked_fill_(open_root, float("-inf"))
         lay.comp(chart, w).copy_(comp)
-        if weights is not None:
-            open_root = None if multiroot else last != w
-            weights.append(_weights(terms, inner_w, inc, comp, open_root))
     return _Charts(chart, inner, last, multiroot, weights)
 
 
@@ -259,10 +259,11 @@ def _arc_grads(grad_chart: Tensor) -> Tensor:
     return grad_chart.reshape(batch, -1).index_select(1, index).view(batch, size, size)
 
 
-def _eisner_outside(charts: _Charts, seed: Tensor) -> Tensor:
+def _eisner_outside(charts: _Charts, seed: Tensor, parents: list[Tensor] | None = None) -> Tensor:
     """Outside pass by hand: d (seed . log Z) / d chart entry, [B, 4, N, N]; ``seed`` [B] is
     the incoming gradient of log Z. Each span passes its gradient times the split weights to
-    the two pieces of every term (widths down)."""
+    the two pieces of every term (widths down). If ``parents`` is a list, the gradients of
+    the three sums of widths N-1 .. 1 are appended to it, [B, 3, n, 1] each."""
     grad = torch.zeros_like(charts.chart)
     grad[:, 2, 0].scatter_(1, charts.last.unsqueeze(-1), seed.unsqueeze(-1))
     lay = _Layout(grad)
@@ -270,51 +271,57 @@ def _eisner_outside(charts: _Charts, seed: Tensor) -> Tensor:
         p, r = charts.split_weights(lay, w)
         g_comp = lay.comp(grad, w)  # [B, 2, n], final: every use is wider
         g_inc = lay.inc(grad, w).addcmul_(r, g_comp)  # + the complete spans' I(s, w) term
-        q = p * _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, w]
+        g_parent = _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, 1]
+        if parents is not None:
+            parents.append(g_parent)
+        q = p * g_parent  # [B, 3, n, w]
         lay.first(grad, w).add_(q)
         lay.second(grad, w).add_(q)
     return grad
 
 
-def _eisner_hvp(charts: _Charts, grad: Tensor, direction: Tensor) -> Tensor:
+def _eisner_hvp(
+    charts: _Charts, grad: Tensor, parents: list[Tensor] | None, direction: Tensor
+) -> Tensor:
     """Hessian of log Z times ``direction`` [B, N, N] (arc layout), i.e. the derivative of the
     marginals along ``direction``: forward-mode tangents of the inside pass (widths up), then
-    of the outside pass (``grad``, widths down), by hand. With p_j the weights of the terms
-    A_j + B_j of a span P and dot the tangent:
+    of the outside pass (``grad``, with ``parents`` from :func:`_eisner_outside` if kept;
+    widths down), by hand. With p_j the weights of the terms A_j + B_j of a span P and dot
+    the tangent:
       inside   dot P = sum_j p_j (dot A_j + dot B_j)      (+ the arc's direction for I)
       outside  dot g(A_j) += p_j ((dot A_j + dot B_j - dot P) g(P) + dot g(P))   (same for B_j)
     and the result is dot g of the I spans, mapped back to arcs."""
     tangent = torch.zeros_like(charts.chart)
     lay = _Layout(tangent)
     dirs = _skew(direction)  # per width [B, 2, N]: (t -> s, s -> t)
-    keep = charts.weights is not None
-    sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums), if small
+    keep = charts.weights is not None and parents is not None
+    sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums [B, 3, n, 1])
     for w in range(1, lay.size):
         n = lay.size - w
         p, r = charts.split_weights(lay, w)
         d_terms = lay.first(tangent, w) + lay.second(tangent, w)  # [B, 3, n, w]
-        d_sums = (p * d_terms).sum(-1)  # [B, 3, n]
-        d_inc = d_sums[:, 1:2] + dirs[w][:, :, :n]  # [B, 2, n]
-        lay.inc(tangent, w).copy_(d_inc)
-        lay.comp(tangent, w).copy_(torch.addcmul(d_sums[:, 0::2], r, d_inc))
+        d_sums = (p * d_terms).sum(-1)  # [B, 3, n]: (left partial, inner, right partial)
+        d_inc = torch.add(d_sums[:, 1:2], dirs[w][:, :, :n], out=lay.inc(tangent, w))
+        d_comp = d_sums[:, 0::2].addcmul_(r, d_inc)  # d_sums: (dot C_L, dot inner, dot C_R)
+        lay.comp(tangent, w).copy_(d_comp)
         if keep:
-            sums.append((d_terms, d_sums[:, 1:2]))
+            sums.append((d_terms, d_sums.unsqueeze(-1)))
     d_grad = torch.zeros_like(tangent)
     for w in range(lay.size - 1, 0, -1):
         p, r = charts.split_weights(lay, w)
+        g_comp, d_comp, dg_comp = lay.comp(grad, w), lay.comp(tangent, w), lay.comp(d_grad, w)
         if keep:
-            d_terms, d_inner = sums.pop()
+            d_terms, d_parent = sums.pop()
+            g_parent = parents[lay.size - 1 - w]  # type: ignore[index]
         else:
             d_terms = lay.first(tangent, w) + lay.second(tangent, w)
-            d_inner = ((p * d_terms).sum(-1))[:, 1:2]
-        g_comp, g_inc = lay.comp(grad, w), lay.inc(grad, w)  # final values, [B, 2, n]
-        d_comp, dg_comp = lay.comp(tangent, w), lay.comp(d_grad, w)
+            d_inner = (p[:, 1] * d_terms[:, 1]).sum(-1).unsqueeze(1)  # [B, 1, n]
+            d_parent = _groups(d_comp, d_inner).unsqueeze(-1)
+            g_parent = _groups(g_comp, lay.inc(grad, w).sum(1, keepdim=True)).unsqueeze(-1)
         # the complete spans' I(s, w) term: dot g(I) += r ((dot I - dot C) g(C) + dot g(C))
         direct = (lay.inc(tangent, w) - d_comp).mul_(g_comp).add_(dg_comp).mul_(r)
         dg_inc = lay.inc(d_grad, w).add_(direct)
-        g_parent = _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, 1]
         dg_parent = _groups(dg_comp, dg_inc.sum(1, keepdim=True)).unsqueeze(-1)
-        d_parent = _groups(d_comp, d_inner).unsqueeze(-1)
         t = (d_terms - d_parent).mul_(g_parent).add_(dg_parent).mul_(p)  # [B, 3, n, w]
         lay.first(d_grad, w).add_(t)
         lay.second(d_grad, w).add_(t)
@@ -414,10 +421,12 @@ class _EisnerMarginals(torch.autograd.Function):
     def forward(
         ctx: Any, arc_scores: Tensor, seed: Tensor, charts: _Charts, lengths: Tensor | None
     ) -> Tensor:
-        grad = _eisner_outside(charts, torch.ones_like(seed))
+        parents: list[Tensor] | None = None if charts.weights is None else []
+        grad = _eisner_outside(charts, torch.ones_like(seed), parents)
         marginals = _arc_grads(grad)  # [B, N, N]
         ctx.save_for_backward(arc_scores, seed, marginals, grad)
         ctx.charts = charts
+        ctx.parents = parents
         ctx.lengths = lengths
         return marginals * seed.view(-1, 1, 1)
 
@@ -435,7 +444,7 @@ class _EisnerMarginals(torch.autograd.Function):
         g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
         if not ctx.needs_input_grad[0]:
             return None, g_seed, None, None
-        hvp = _eisner_hvp(charts, outside, grad)
+        hvp = _eisner_hvp(charts, outside, ctx.parents, grad)
         return hvp * seed.view(-1, 1, 1), g_seed, None, None
 
 
