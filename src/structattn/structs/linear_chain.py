@@ -223,17 +223,22 @@ def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
     return max(1, min(n, int(0.6 * budget / rate) - 1)), empty
 
 
-def _recur(mats: Tensor, adds: Tensor) -> Tensor:
+def _recur(mats: Tensor, adds: Tensor, every: int = 0) -> tuple[Tensor, list[Tensor]]:
     """x_0 = adds_0, x_{j+1} = x_j mats_j + adds_{j+1}: mats [B, S, C, C], adds [B, S+1, C]
-    -> [B, S+1, C] (one batched product per step)."""
+    -> x [B, S+1, C], one batched product per step. With ``every`` > 0 (for the forward pass:
+    adds 0 after x_0), x is also divided by its sum n_i at positions i = k, 2k, .. (k =
+    ``every``); returns those n_i [B, 1, 1] too."""
     steps = mats.unbind(1)  # [B, C, C] each
     terms = adds.unsqueeze(2).unbind(1)  # [B, 1, C] each
     x = terms[0]
-    outs = [x]
+    outs, norms = [x], []
     for j, step in enumerate(steps):
         x = torch.baddbmm(terms[j + 1], x, step)
+        if every and (j + 1) % every == 0:
+            norms.append(x.sum(-1, keepdim=True))
+            x = x / norms[-1]
         outs.append(x)
-    return torch.cat(outs, 1)
+    return torch.cat(outs, 1), norms
 
 
 def _two_way(
@@ -252,7 +257,7 @@ def _two_way(
     if back is not None:
         parts.append(mats.transpose(-1, -2).flip(1))  # A_{N-2-j}^T
         adds.append(back.flip(1))
-    out = _recur(torch.cat(parts), torch.cat(adds)) if len(parts) > 1 else _recur(parts[0], adds[0])
+    out, _ = _recur(torch.cat(parts), torch.cat(adds))
     x = out[:batch] if on is not None else None
     y = out[-batch:].flip(1) if back is not None else None
     return x, y
@@ -281,38 +286,32 @@ def _scaled_pass(
     fold = trans.dim() == 4 or c <= _FOLD_LABELS
     if fold:
         mats = trans * u[:, 1:, None, :]  # K_i diag(U_{i+1}) [B, N-1, C, C]
-    if fold and every >= n:
-        # no normalisation (n_i = 1, V = U): the forward pass and the backward sweep (with
-        # ω = 1, rescaled after) run in one loop
         start = u * (positions == 0).view(1, n, 1).to(u.dtype)  # U_0 at position 0, else 0
-        scaled, beta_unit = _two_way(mats, start, end.expand(batch, n, c))
-        assert scaled is not None and beta_unit is not None
-        omega, logz = _close(scaled, end, logz, dead)
-        return _Pass(scaled, mats, None, end * omega, logz, beta_unit * omega)
-    norms = [u.new_ones(())] * n  # n_i: Σ of the numerator every `every` steps, else 1
-    if fold:
-        steps = mats.unbind(1)  # [B, C, C]
-        x = u[:, :1]  # [B, 1, C]
-        outs = [x]
-        for i in range(1, n):
-            x = torch.bmm(x, steps[i - 1])  # â_i = â_{i-1} K_{i-1} diag(U_i)
-            if i % every == 0:
-                norms[i] = x.sum(-1, keepdim=True)  # [B, 1, 1]
-                x = x / norms[i]
-            outs.append(x)
-        scaled = torch.cat(outs, 1)  # [B, N, C]
+        if every >= n:
+            # no normalisation (n_i = 1, V = U): the forward pass and the backward sweep
+            # (with ω = 1, rescaled after) run in one loop
+            scaled, beta_unit = _two_way(mats, start, end.expand(batch, n, c))
+            assert scaled is not None and beta_unit is not None
+            omega, logz = _close(scaled, end, logz, dead)
+            return _Pass(scaled, mats, None, end * omega, logz, beta_unit * omega)
+        # â_i = â_{i-1} K_{i-1} diag(U_i) (/ n_i)
+        scaled, norms = _recur(mats, start, every)
     else:
         u_steps = u.unbind(1)
         x = u_steps[0]  # [B, C]
-        outs = [x]
+        outs, norms = [x], []
         for i in range(1, n):
             x = (x @ trans).mul_(u_steps[i])  # â_i = (â_{i-1} K) ⊙ U_i
             if i % every == 0:
-                norms[i] = x.sum(-1, keepdim=True).unsqueeze(1)  # [B, 1, 1]
-                x = x / norms[i][:, 0]
+                norms.append(x.sum(-1, keepdim=True))  # [B, 1]
+                x = x / norms[-1]
             outs.append(x)
         scaled = torch.stack(outs, 1)  # [B, N, C]
-    norm_all = torch.cat([t.expand(batch, 1, 1) for t in norms], 1)  # n [B, N, 1]
+    norm_all = u.new_ones(batch, n, 1)  # n_i: Σ of the numerator at i = k, 2k, .., else 1
+    if norms:
+        norm_all[:, every : every * len(norms) + 1 : every] = torch.stack(norms, 1).view(
+            batch, len(norms), 1
+        )
     logz = logz + (norm_all.log().squeeze(-1) * real).sum(-1)
     omega, logz = _close(scaled, end, logz, dead)
     if fold:  # K_i diag(V_{i+1}) = K_i diag(U_{i+1}) / n_{i+1}
