@@ -181,6 +181,26 @@ def test_gradcheck_and_gradgradcheck(method: str, shared: bool, c: int) -> None:
         assert torch.autograd.gradgradcheck(fn, (unary, pairwise))
 
 
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-step"])
+def test_single_position(method: str, shared: bool) -> None:
+    """N = 1: softmax marginals, no edges, and every derivative (no step at all)."""
+    unary, pairwise = _draw(2, 1, 3, shared)
+    unary, pairwise = unary.requires_grad_(), pairwise.requires_grad_()
+    node, edge = chain_marginals(unary, pairwise, None, True, method)
+    assert edge is not None and edge.shape == (2, 0, 3, 3)
+    torch.testing.assert_close(node, unary.softmax(-1))
+    torch.testing.assert_close(
+        chain_log_partition(unary, pairwise, None, method), unary.logsumexp(-1)[:, 0]
+    )
+    assert torch.autograd.gradcheck(
+        lambda u, p: chain_marginals(u, p, None, False, method)[0], (unary, pairwise)
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda u, p: chain_log_partition(u, p, None, method), (unary, pairwise)
+    )
+
+
 # ---- -inf, items with no structure, float32 ----------------------------------------------
 def test_forbidden_transitions_and_an_item_with_no_structure() -> None:
     """-inf on the diagonal (log-space pass) with lengths, and an item whose position 2 has

@@ -488,7 +488,7 @@ def _hvp(
             into = fw.weight[:, 1:] * into
         add_q = add_q + torch.cat([torch.zeros_like(add_q[:, :1]), into], 1)
         kappa = kappa + (k_edge * after[:, :, None, :]).sum(-1)
-    kappa = torch.cat([kappa, torch.zeros_like(kappa[:, :1])], 1)  # [B, N, C]
+    kappa = torch.cat([kappa, torch.zeros_like(add_q[:, :1])], 1)  # [B, N, C]
     q, r = _sweeps(fw, add_q, kappa)
     assert q is not None and r is not None
     dot3 = dot.view(-1, 1, 1)
