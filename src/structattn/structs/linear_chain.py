@@ -164,7 +164,7 @@ def chain_score(unary: Tensor, pairwise: Tensor, labels: Tensor, mask: Tensor) -
 # * log-space pass (any potentials, -inf included): alpha by the forward algorithm,
 #   K_i(a, c) = p(z_i = a | z_{i+1} = c) = exp(alpha_i(a) + pairwise_i(a, c) - pre_{i+1}(c)) with
 #   pre_{i+1} = alpha_{i+1} - unary_{i+1} (alpha shifted to max 0 at each position); â = 1,
-#   V = 1 at real positions, ω = p(z_{L-1}).
+#   V = 1, ω = p(z_{L-1}).
 #
 # V is either kept apart (K shared by every step: one [C, C] matrix product per step) or
 # folded into per-step matrices K_i diag(V_{i+1}) [B, N-1, C, C] (few labels: one batched
@@ -182,7 +182,7 @@ class _Pass(NamedTuple):
     scaled: Tensor  # â [B, N, C]
     trans: Tensor  # K [C, C] (shared), or K_i diag(V_{i+1}) [B, N-1, C, C] (V folded in)
     weight: Tensor | None  # V [B, N, C] with a shared K; None when folded
-    end: Tensor  # e [B, N, C]
+    end: Tensor  # e [B, N, C] or [B, N, 1]
     logz: Tensor  # [B]
     beta: Tensor | None  # β̂ [B, N, C] when the pass computed it on the way, else None
 
@@ -207,13 +207,13 @@ def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
     below tiny e^{(k+1)R} C. Both stay negligible, and nothing overflows, when
     (k + 1)(R + log C) <= 0.6 log(1 / tiny); the pass is used when R <= 0.3 log(1 / tiny) - log C.
     """
+    if pairwise.dtype not in (torch.float32, torch.float64):
+        return 0, False
     c, n = pairwise.shape[-1], top.shape[1]
     spread = pairwise.max() - pairwise.min() if pairwise.numel() else pairwise.new_zeros(())
     lowest = top.min() if top.numel() else top.new_zeros(())
     spread_f, lowest_f = torch.stack([spread, lowest]).tolist()  # +inf if any -inf transition
     empty = lowest_f == float("-inf")
-    if pairwise.dtype not in (torch.float32, torch.float64):
-        return 0, empty
     budget = -math.log(torch.finfo(pairwise.dtype).tiny)  # 87 in float32, 708 in float64
     if spread_f > 0.3 * budget - math.log(c):
         return 0, empty
