@@ -15,6 +15,7 @@ scatter into a full [B, N, N] chart at every step). Time O(B N^3), N sequential 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -46,6 +47,27 @@ def _skew(arc_scores: Tensor) -> tuple[Tensor, ...]:
     flat = arc_scores.reshape(batch, size * size)
     skewed = flat.gather(1, index.view(1, -1).expand(batch, -1))
     return skewed.view(batch, size, 2, size).unbind(1)
+
+
+@functools.lru_cache(maxsize=64)
+def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
+    """Flat [N * N] positions of the arcs of every span, width by width (w = 1 .. N-1; per
+    width the n = N - w arcs t -> s, then the n arcs s -> t), and the per-width counts."""
+    index = []
+    for w in range(1, size):
+        start = torch.arange(size - w, device=device)
+        index += [(start + w) * size + start, start * size + start + w]
+    return torch.cat(index), [2 * (size - w) for w in range(1, size)]
+
+
+def _arcs_by_width(arc_scores: Tensor) -> list[Tensor]:
+    """``out[w]`` [B, 2, N - w]: (arc s+w -> s, arc s -> s+w) for the spans of width w (one
+    gather; ``out[0]`` is an empty placeholder)."""
+    batch, size, _ = arc_scores.shape
+    index, counts = _width_index(size, arc_scores.device)
+    flat = arc_scores.reshape(batch, size * size).index_select(1, index)
+    parts = flat.split(counts, 1)
+    return [flat[:, :0]] + [x.view(batch, 2, -1) for x in parts]
 
 
 def eisner_inside(
@@ -205,7 +227,7 @@ def _eisner_charts(
     """Inside pass (log semiring; with ``splits``, a list, the max semiring, and the best
     split points of widths 1 .. N-1 are appended to it: (index [B, 3, n], direct [B, 2, n]))."""
     batch, size, _ = arc_scores.shape
-    arcs = _skew(arc_scores)  # per width [B, 2, N]: (t -> s, s -> t)
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (t -> s, s -> t)
     chart = arc_scores.new_full((batch, 4, size, size), float("-inf"))
     chart[:, 1:3, :, 0] = 0.0  # complete spans of width 0
     inner = arc_scores.new_full((batch, size, size), float("-inf"))
@@ -218,7 +240,7 @@ def _eisner_charts(
         if splits is None:
             sums = torch.logsumexp(terms, -1)  # [B, 3, n]: (left partial, inner, right partial)
             # I(s, w) = inner + arc                                             [B, 2, n]
-            inc = torch.add(sums[:, 1:2], arcs[w][:, :, :n], out=lay.inc(chart, w))
+            inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
             comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
             torch.logaddexp(comp, inc, out=comp)
             if weights is not None:
@@ -227,7 +249,7 @@ def _eisner_charts(
                 inner[:, :n, w] = sums[:, 1]
         else:
             sums, index = terms.max(-1)
-            inc = torch.add(sums[:, 1:2], arcs[w][:, :, :n], out=lay.inc(chart, w))
+            inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
             partial = sums[:, 0::2]
             # ties as the plain max over j: left takes I (j = 0), right the partial
             direct = torch.stack([inc[:, 0] >= partial[:, 0], inc[:, 1] > partial[:, 1]], 1)
@@ -239,8 +261,9 @@ def _eisner_charts(
     return _Charts(chart, inner, last, multiroot, weights)
 
 
+@functools.lru_cache(maxsize=64)
 def _arc_index(size: int, device: torch.device) -> Tensor:
-    """LongTensor [N, N]: the flat chart position of the I span of each arc h -> m (a slot
+    """LongTensor [N * N]: the flat chart position of the I span of each arc h -> m (a slot
     that is never written, X[3, 0, N-1], for h = m)."""
     h = torch.arange(size, device=device).unsqueeze(1)
     m = torch.arange(size, device=device).unsqueeze(0)
@@ -248,14 +271,14 @@ def _arc_index(size: int, device: torch.device) -> Tensor:
     left = (m + 1) * size + (h - m - 1)  # I_L(m, h - m) at X[0, m+1, h-m-1]
     right = 3 * plane + h * size + (m - h - 1)  # I_R(h, m - h) at X[3, h, m-h-1]
     unused = torch.full_like(left, 3 * plane + size - 1)
-    return torch.where(h > m, left, torch.where(h < m, right, unused))
+    return torch.where(h > m, left, torch.where(h < m, right, unused)).flatten()
 
 
 def _arc_grads(grad_chart: Tensor) -> Tensor:
     """[B, N, N] arc gradients from a gradient chart [B, 4, N, N] (an arc enters only its
     own I span)."""
     batch, _, size, _ = grad_chart.shape
-    index = _arc_index(size, grad_chart.device).flatten()
+    index = _arc_index(size, grad_chart.device)
     return grad_chart.reshape(batch, -1).index_select(1, index).view(batch, size, size)
 
 
@@ -293,15 +316,14 @@ def _eisner_hvp(
     and the result is dot g of the I spans, mapped back to arcs."""
     tangent = torch.zeros_like(charts.chart)
     lay = _Layout(tangent)
-    dirs = _skew(direction)  # per width [B, 2, N]: (t -> s, s -> t)
+    dirs = _arcs_by_width(direction)  # per width [B, 2, n]: (t -> s, s -> t)
     keep = charts.weights is not None and parents is not None
     sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums [B, 3, n, 1])
     for w in range(1, lay.size):
-        n = lay.size - w
         p, r = charts.split_weights(lay, w)
         d_terms = lay.first(tangent, w) + lay.second(tangent, w)  # [B, 3, n, w]
         d_sums = (p * d_terms).sum(-1)  # [B, 3, n]: (left partial, inner, right partial)
-        d_inc = torch.add(d_sums[:, 1:2], dirs[w][:, :, :n], out=lay.inc(tangent, w))
+        d_inc = torch.add(d_sums[:, 1:2], dirs[w], out=lay.inc(tangent, w))
         d_comp = d_sums[:, 0::2].addcmul_(r, d_inc)  # d_sums: (dot C_L, dot inner, dot C_R)
         lay.comp(tangent, w).copy_(d_comp)
         if keep:
