@@ -175,14 +175,19 @@ def _groups(comp: Tensor, inner: Tensor) -> Tensor:
 
 
 def _weights(
-    terms: Tensor, sums: Tensor, inc: Tensor, open_root: Tensor | None
+    e: Tensor, top: Tensor | None, sums: Tensor, inc: Tensor, open_root: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """Split weights of width w (softmax of each sum's terms): (P [B, 3, n, w] over the terms,
-    r [B, 2, n] of the I(s, w) term of the complete spans). ``terms`` must hold ``-inf`` in
-    the I(s, w) slots; ``sums`` [B, 3, n] = (C_L, inner, C_R) of width w; ``open_root`` [B]
-    marks the single-root items whose ROOT span of this width is masked (weights 0)."""
+    r [B, 2, n] of the I(s, w) term of the complete spans), from ``e`` = exp(terms - top)
+    (or the terms themselves when ``top`` is None), which is overwritten. The terms must be
+    ``-inf`` in the I(s, w) slots; ``sums`` [B, 3, n] = (C_L, inner, C_R) of width w;
+    ``open_root`` [B] marks the single-root items whose ROOT span of this width is masked
+    (weights 0)."""
     norms = sums.clamp_min(torch.finfo(sums.dtype).min)  # -inf: exp(-inf - it) = 0, no NaN
-    p = (terms - norms.unsqueeze(-1)).exp_()
+    if top is None:
+        p = e.sub_(norms.unsqueeze(-1)).exp_()
+    else:  # exp(terms - C) = e exp(top - C), top <= C
+        p = e.mul_((top - norms.unsqueeze(-1)).exp_())
     r = (inc - norms[:, 0::2]).exp_()
     if open_root is not None:
         p[:, 2, 0].masked_fill_(open_root.unsqueeze(-1), 0.0)
@@ -214,7 +219,7 @@ class _Charts(NamedTuple):
         terms[:, 0, :, 0] = float("-inf")  # the I(s, w) slots
         terms[:, 2, :, w - 1] = float("-inf")
         sums = _groups(lay.comp(self.chart, w), self.inner[:, None, :n, w])
-        return _weights(terms, sums, lay.inc(self.chart, w), self.open_root(w))
+        return _weights(terms, None, sums, lay.inc(self.chart, w), self.open_root(w))
 
 
 def _eisner_charts(
@@ -237,16 +242,23 @@ def _eisner_charts(
         n = size - w
         terms = lay.first(chart, w) + lay.second(chart, w)  # [B, 3, n, w]
         open_root = None if multiroot else last != w
-        if splits is None:
+        if splits is None and weights is not None:
+            # log-sum-exp and the weights from one exp of the terms: with the row max m,
+            # e = exp(terms - m), sums = m + log sum e, and later P = e exp(m - C)
+            top = terms.amax(-1, keepdim=True).clamp_min_(torch.finfo(terms.dtype).min)
+            e = terms.sub_(top).exp_()  # [B, 3, n, w]
+            sums = e.sum(-1).log_().add_(top.squeeze(-1))  # (left partial, inner, right p.)
+            inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))  # I = inner + arc
+            comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
+            torch.logaddexp(comp, inc, out=comp)
+            weights.append(_weights(e, top, sums, inc, open_root))
+        elif splits is None:
             sums = torch.logsumexp(terms, -1)  # [B, 3, n]: (left partial, inner, right partial)
             # I(s, w) = inner + arc                                             [B, 2, n]
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
             comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
             torch.logaddexp(comp, inc, out=comp)
-            if weights is not None:
-                weights.append(_weights(terms, sums, inc, open_root))
-            else:
-                inner[:, :n, w] = sums[:, 1]
+            inner[:, :n, w] = sums[:, 1]
         else:
             sums, index = terms.max(-1)
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
@@ -297,9 +309,8 @@ def _eisner_outside(charts: _Charts, seed: Tensor, parents: list[Tensor] | None 
         g_parent = _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, 1]
         if parents is not None:
             parents.append(g_parent)
-        q = p * g_parent  # [B, 3, n, w]
-        lay.first(grad, w).add_(q)
-        lay.second(grad, w).add_(q)
+        lay.first(grad, w).addcmul_(p, g_parent)  # [B, 3, n, w]
+        lay.second(grad, w).addcmul_(p, g_parent)
     return grad
 
 
@@ -344,7 +355,9 @@ def _eisner_hvp(
         direct = (lay.inc(tangent, w) - d_comp).mul_(g_comp).add_(dg_comp).mul_(r)
         dg_inc = lay.inc(d_grad, w).add_(direct)
         dg_parent = _groups(dg_comp, dg_inc.sum(1, keepdim=True)).unsqueeze(-1)
-        t = (d_terms - d_parent).mul_(g_parent).add_(dg_parent).mul_(p)  # [B, 3, n, w]
+        # ((dot terms - dot P) g(P) + dot g(P)) p = (dot terms g(P) + shift) p   [B, 3, n, w]
+        shift = dg_parent - d_parent * g_parent  # [B, 3, n, 1]
+        t = torch.addcmul(shift, d_terms, g_parent).mul_(p)
         lay.first(d_grad, w).add_(t)
         lay.second(d_grad, w).add_(t)
     return _arc_grads(d_grad)
