@@ -1,17 +1,22 @@
-"""Projective dependency trees: Eisner's inside algorithm in any semiring, tree checks.
+"""Projective dependency trees: Eisner's algorithm, tree checks.
 
 Shapes: ``arc_scores`` [B, N, N] with position 0 the ROOT symbol and ``arc_scores[b, h, m]``
 the score of the arc h -> m; ``lengths`` [B] counts positions including ROOT.
 
-Charts ([B, N, N], batch first; ``s < t``):
-  ``complete[s, t]``   right complete span s..t headed at s;   ``complete[t, s]`` left, head t.
-  ``incomplete[s, t]`` arc s -> t spanning s..t;               ``incomplete[t, s]`` arc t -> s.
-Each span width w is one batched step over all N - w spans, reading "stripes" [B, 2, N - w, w]
-of the narrower spans. The charts are never materialised: each stripe is rebuilt from the
-previous step's by one ``cat`` (drop a row, add the new width's column), so autograd sees
-no in-place writes and no strided views of a big tensor (whose backward would allocate and
-scatter into a full [B, N, N] chart at every step). Time O(B N^3), N sequential steps.
-"""
+Two implementations of the same dynamic program (time O(B N^3), N sequential span widths,
+each one batched step over all N - w spans of width w):
+
+* :func:`eisner_log_partition` / :func:`eisner_max` -- no autograd inside: one in-place chart
+  (layout below), a hand-written outside pass as log Z's backward, a hand-written
+  Hessian-vector product as the marginals' backward (the training path of structured
+  attention), a hand-written backtrack for the MAP tree. Memory O(B N^2) (plus the split
+  weights of small problems).
+* :func:`eisner_inside` -- any semiring (sampling, the third-order fallback), differentiated
+  by autograd. Charts ([B, N, N], ``s < t``): ``complete[s, t]`` right complete span s..t
+  headed at s, ``complete[t, s]`` left, head t; ``incomplete[s, t]`` arc s -> t spanning
+  s..t, ``incomplete[t, s]`` arc t -> s. Each width reads "stripes" [B, 2, N - w, w] of the
+  narrower spans, rebuilt from the previous step's by one ``cat`` (no in-place writes, no
+  strided views of a big tensor for autograd to scatter into)."""
 
 from __future__ import annotations
 
