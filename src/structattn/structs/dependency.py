@@ -140,12 +140,7 @@ def eisner_inside(
 # and C_L(s, w) = logaddexp(left partial, I_L(s, w)), C_R(s, w) = logaddexp(right partial,
 # I_R(s, w)), where the partial sums miss the one term holding I(s, w) itself (left j = 0,
 # right j = w - 1: still -inf when the sums are taken), and I(s, w) = inner(s, w) + arc.
-# This pass is per-op-overhead bound at small N: about 25 tensor ops per width.
-def _safe(x: Tensor) -> Tensor:
-    """``x`` with ``-inf`` replaced by 0 (a normaliser that keeps exp(-inf - it) = 0)."""
-    return x.masked_fill(torch.isneginf(x), 0.0)
-
-
+# The passes are per-op-overhead bound at small N: about 20 tensor ops per width inside.
 class _Layout:
     """Strided views of a chart [B, 4, N, N] (see above) for the spans of width ``w``."""
 
@@ -209,6 +204,7 @@ _CACHE_ELEMENTS = 1 << 22
 class _Charts(NamedTuple):
     chart: Tensor  # [B, 4, N, N] (layout above)
     inner: Tensor  # [B, N, N]: inner[b, s, w] = log sum_j C_R(s, s+j) + C_L(s+j+1, t)
+    # (empty when ``weights`` are kept)
     last: Tensor  # [B] index of the last real position
     multiroot: bool
     weights: list[tuple[Tensor, Tensor]] | None  # per width 1..N-1, if kept
@@ -240,7 +236,8 @@ def _eisner_charts(
     arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (t -> s, s -> t)
     chart = arc_scores.new_full((batch, 4, size, size), float("-inf"))
     chart[:, 1:3, :, 0] = 0.0  # complete spans of width 0
-    inner = arc_scores.new_full((batch, size, size), float("-inf"))
+    # inner[b, s, w] (needed only to recompute the split weights; not kept with them)
+    inner = arc_scores.new_full((0,) if keep_weights else (batch, size, size), float("-inf"))
     weights: list[tuple[Tensor, Tensor]] | None = [] if keep_weights else None
     lay = _Layout(chart)
     for w in range(1, size):
