@@ -586,3 +586,24 @@ def test_eisner_hand_written_backtrack_matches_autograd(multiroot: bool) -> None
     for b, n in enumerate(lengths.tolist()):
         if b != 2:
             assert torch.equal(heads[b, 1:n], torch.full((n - 1,), b + 1.0, dtype=torch.float64))
+
+
+def test_eisner_saved_state_survives_repeated_backward() -> None:
+    """The charts and split weights kept for the backward passes are not consumed: backward
+    twice through the same graph (``retain_graph``) gives the same gradients."""
+    from structattn.structs.dependency import eisner_log_partition
+
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 7, 7, generator=gen, dtype=torch.float64)
+    scores[:, :, 0] = float("-inf")
+    x = scores.clone().requires_grad_(True)
+    logz = eisner_log_partition(x, torch.tensor([7, 5, 3]), True)
+    (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True, retain_graph=True)
+    weights = torch.randn(3, 7, 7, generator=gen, dtype=torch.float64)
+    grads = [
+        torch.autograd.grad((marginals * weights).sum(), x, retain_graph=True)[0] for _ in range(2)
+    ]
+    again = torch.autograd.grad(logz.sum(), x, retain_graph=True)[0]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    torch.testing.assert_close(again, marginals.detach(), rtol=0, atol=0)
+    assert grads[0].abs().sum() > 0
