@@ -421,6 +421,15 @@ def test_ill_conditioned_items_fall_back_per_item(multiroot: bool) -> None:
     for fast, exact in zip(*results, strict=True):
         torch.testing.assert_close(fast, exact, rtol=1e-12, atol=1e-12)
     assert torch.isfinite(results[0][1]).all() and torch.isfinite(results[0][2]).all()
+    # the direct marginals (closed form per LU item, elimination for the others) agree too
+    x = scores.clone().requires_grad_(True)
+    direct = nonprojective.matrix_tree_marginals(x, lengths, multiroot, create_graph=True)
+    (second,) = torch.autograd.grad((direct * weights).sum(), x)
+    torch.testing.assert_close(direct.detach(), results[1][1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(second, results[1][2], rtol=1e-12, atol=1e-12)
+    plain = nonprojective.matrix_tree_marginals(scores, lengths, multiroot)
+    assert not plain.requires_grad
+    torch.testing.assert_close(plain, results[1][1], rtol=1e-12, atol=1e-12)
 
 
 # ---- beyond enumeration: dense determinant and root-by-root MAP ----------------------------

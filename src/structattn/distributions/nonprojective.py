@@ -11,6 +11,7 @@ from ..semirings import LogSemiring, Semiring
 from ..structs.nonprojective import (
     chu_liu_edmonds,
     matrix_tree_log_partition,
+    matrix_tree_marginals,
     matrix_tree_sample,
 )
 from .dependency import TreeCRFBase
@@ -85,6 +86,16 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
                 "semiring only); argmax uses Chu-Liu-Edmonds and sample() sequential conditioning"
             )
         return matrix_tree_log_partition(parts[0], lengths, self.multiroot)
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        # in closed form from the LU path (no autograd round trip through log Z); a loss on
+        # the marginals back-propagates by a hand-written formula
+        return (
+            matrix_tree_marginals(
+                self.arc_scores, self.lengths, self.multiroot, self._differentiable()
+            ),
+        )
 
     @cached_property
     def argmax(self) -> Tensor:

@@ -283,6 +283,33 @@ class _TreeMarginals(torch.autograd.Function):
         return out.neg_().addcmul_(grad, marginals), *none
 
 
+def _lu_path(
+    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The forward of :class:`_MatrixTreeLU` (not differentiable): (log Z [B] in the input
+    dtype, ``bad`` [B], weights [B, N, n], inverse [B, n, n] float64, ``keep`` [B] or None
+    when every item is kept). Items that are ``bad`` get log Z 0, zero weights and the
+    identity as inverse (so zero marginals and gradients, for the caller to replace)."""
+    weights, shift = _rescaled_weights(scores, real)  # [B, N, n], [B, 1, n]
+    lap = _laplacian_fast(weights, _padding(real), multiroot)  # [B, n, n]
+    factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
+    eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
+    inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
+    # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
+    norm = weights.sum(1).amax(-1)  # [B]
+    inv_norm = inverse.abs().sum(1).amax(-1)  # [B]
+    keep = (norm * inv_norm).mul_(2) <= max_cond  # False if NaN (singular)
+    logdet = factor.diagonal(dim1=1, dim2=2).abs().log_().sum(-1)
+    logdet += shift.sum((1, 2), dtype=torch.float64)  # [B]
+    bad = ~keep
+    if not bool(bad.any()):
+        return logdet.to(scores.dtype), bad, weights, inverse, None
+    inverse = torch.where(keep[:, None, None], inverse, eye)
+    weights = weights * keep[:, None, None]
+    logdet = logdet.masked_fill(bad, 0.0)
+    return logdet.to(scores.dtype), bad, weights, inverse, keep
+
+
 class _MatrixTreeLU(torch.autograd.Function):
     r"""log Z by an LU factorisation of the column-rescaled Laplacian, in float64.
 
@@ -301,28 +328,11 @@ class _MatrixTreeLU(torch.autograd.Function):
     def forward(
         ctx: Any, scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float
     ) -> tuple[Tensor, Tensor]:
-        weights, shift = _rescaled_weights(scores, real)  # [B, N, n], [B, 1, n]
-        lap = _laplacian_fast(weights, _padding(real), multiroot)  # [B, n, n]
-        factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
-        eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
-        inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
-        # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
-        norm = weights.sum(1).amax(-1)  # [B]
-        inv_norm = inverse.abs().sum(1).amax(-1)  # [B]
-        keep = (norm * inv_norm).mul_(2) <= max_cond  # False if NaN (singular)
-        logdet = factor.diagonal(dim1=1, dim2=2).abs().log_().sum(-1)
-        logdet += shift.sum((1, 2), dtype=torch.float64)  # [B]
-        bad = ~keep
-        saved_keep: Tensor | None = None
-        if bool(bad.any()):  # their gradient must be 0 (the caller recomputes them)
-            inverse = torch.where(keep[:, None, None], inverse, eye)
-            weights = weights * keep[:, None, None]
-            logdet = logdet.masked_fill(bad, 0.0)
-            saved_keep = keep
-        ctx.save_for_backward(scores, weights, inverse, real, saved_keep)
+        logdet, bad, weights, inverse, keep = _lu_path(scores, real, multiroot, max_cond)
+        ctx.save_for_backward(scores, weights, inverse, real, keep)
         ctx.multiroot = multiroot
         ctx.mark_non_differentiable(bad)
-        return logdet.to(scores.dtype), bad
+        return logdet, bad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
@@ -409,19 +419,36 @@ def matrix_tree_marginals(
     multiroot: bool = True,
     create_graph: bool = False,
 ) -> Tensor:
-    """p(h -> m in the tree), shape [B, N, N], as the gradient of log Z; 0 at column 0, the
-    diagonal, padding and for items with no tree (``create_graph`` keeps it differentiable)."""
+    """p(h -> m in the tree), shape [B, N, N], the gradient of log Z; 0 at column 0, the
+    diagonal, padding and for items with no tree (``create_graph`` keeps it differentiable
+    with respect to ``arc_scores``, to any order).
+
+    Directly from the LU path (:func:`_lu_path`, closed form from the inverse, no autograd
+    round trip through log Z); the items it cannot trust are recomputed as the gradient of
+    the exact log-space elimination."""
+    batch, size, _ = arc_scores.shape
+    device = arc_scores.device
+    real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
+    max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
+    differentiable = create_graph and arc_scores.requires_grad
+    scores = arc_scores if differentiable else arc_scores.detach()
+    with torch.no_grad():
+        _, bad, weights, inverse, keep = _lu_path(scores.detach(), real, multiroot, max_cond)
+    with torch.set_grad_enabled(differentiable):
+        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
+    if keep is None:
+        return marginals
+    index = bad.nonzero().squeeze(1)  # [K] items for the exact elimination
+    sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
     with torch.inference_mode(False), torch.enable_grad():
-        if create_graph and arc_scores.requires_grad:
-            scores = arc_scores
-        else:  # a fresh leaf (a clone first for inference-mode tensors)
-            leaf = arc_scores.clone() if arc_scores.is_inference() else arc_scores
-            scores = leaf.detach().requires_grad_(True)
-        logz = matrix_tree_log_partition(scores, lengths, multiroot)
-        (grad,) = torch.autograd.grad(
-            logz.sum(), scores, create_graph=create_graph, materialize_grads=True
+        picked = scores.index_select(0, index)
+        if not differentiable:  # a fresh leaf (a clone first for inference-mode tensors)
+            picked = (picked.clone() if picked.is_inference() else picked).requires_grad_(True)
+        logz = _eliminate(picked.masked_fill(~_arc_mask(sub), _NEG_INF), sub, multiroot)
+        (exact,) = torch.autograd.grad(
+            logz.sum(), picked, create_graph=differentiable, materialize_grads=True
         )
-    return grad
+    return marginals.index_copy(0, index, exact)
 
 
 # ---- MAP: Chu-Liu-Edmonds -------------------------------------------------------------------
