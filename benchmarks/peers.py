@@ -210,7 +210,7 @@ class OursNonProj(OursTree):
 class OursChain(Adapter):
     library = "ours"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb"})
     is_ours = True
 
     def _dist(self, state: State) -> Any:
@@ -270,7 +270,7 @@ class TorchStructNonProj(TorchStructTree):
 class TorchStructChain(Adapter):
     library = "torch-struct"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb"})
 
     def convert(self, problem: Problem, *ours: Tensor) -> tuple[Tensor, ...]:
         unary, pairwise = ours
@@ -352,7 +352,7 @@ class SuparNonProj(SuparTree):
 class SuparChain(Adapter):
     library = "supar"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb"})
 
     def convert(self, problem: Problem, *ours: Tensor) -> tuple[Tensor, ...]:
         unary, pairwise = ours

@@ -22,7 +22,7 @@ Measurements (float32, ``torch.set_num_threads(2)`` unless ``--threads``):
   ``(marginals * w).sum()``: second order), ``argmax`` (MAP); full / variable lengths,
   multi-root / single-root. Plus the peak extra memory of ``marg_fb`` / ``logz_fb`` at N=80.
 * ``chain``   LinearChainCRF, B=32, N in {20, 50, 100, 200}, C in {2, 10, 25}: ``logz_fb``
-  and ``marg`` (marginals, forward; they keep their graph as every library builds them).
+  ``marg`` (marginals, forward, on potentials that require grad) and ``marg_fb``.
 * ``nonproj`` NonProjectiveDependencyCRF (when structattn has it), B=32, N in {10..80}:
   ``logz_fb``, ``marg_fb`` and ``argmax`` (torch-struct has no non-projective argmax).
 """
@@ -55,7 +55,7 @@ from torch import Tensor
 SECTIONS = ("tree", "chain", "nonproj")
 OPS = {
     "tree": ("logz_fb", "marg_fb", "argmax"),
-    "chain": ("logz_fb", "marg"),
+    "chain": ("logz_fb", "marg", "marg_fb"),
     "nonproj": ("logz_fb", "marg_fb", "argmax"),
 }
 OP_TITLES = {
@@ -540,7 +540,7 @@ def plot(results: Results, path: str) -> bool:
         for op in OPS[section]:
             labels = sorted({r.labels for r in results.rows if r.section == section and r.op == op})
             for c in labels:
-                if section == "chain" and op == "marg":
+                if section == "chain" and op in ("marg", "marg_fb"):
                     continue  # the chain row shows log Z fwd+bwd per C (marginals: in the table)
                 panels.append((section, op, c))
     if not panels:
