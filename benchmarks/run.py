@@ -70,12 +70,15 @@ OP_TITLES = {
 #: grow with N beyond 50 (``tolerance``): float32 rounding accumulates along the N sequential
 #: steps of the dynamic programs (a forward-backward over N=200, C=2 is ~3e-4 off in float32
 #: in ours, supar and pytorch-crf alike).
-TOLERANCE = {"logz": 1e-4, "marg": 1e-4, "grad": 1e-3, "argmax": 1e-4}
+#: The gradient of a parameter shared by all positions (the chains' [C, C] transitions) is a
+#: sum of B (N - 1) signed terms that largely cancel: float32 summation leaves ~6e-3 of its
+#: max in ours at N = 200, C = 2 (autograd of autograd, as supar: 0.7), hence 10x.
+TOLERANCE = {"logz": 1e-4, "marg": 1e-4, "grad": 1e-3, "grad_shared": 1e-2, "argmax": 1e-4}
 
 
 def tolerance(key: str, size: int) -> float:
     """Tolerance of error ``key`` at N = ``size`` (see TOLERANCE)."""
-    scale = max(1.0, size / 50) if key in ("marg", "grad") else 1.0
+    scale = max(1.0, size / 50) if key in ("marg", "grad", "grad_shared") else 1.0
     return TOLERANCE[key] * scale
 
 
@@ -282,7 +285,14 @@ def compare(got: Outputs, ref: Outputs) -> dict[str, float]:
         "marg": _max_abs(got.marginals, ref.marginals),
     }
     if got.grads is not None and ref.grads is not None:
-        errors["grad"] = max(_rel(g, r, 1e-6) for g, r in zip(got.grads, ref.grads, strict=True))
+        # a leaf of lower rank than the first (the chains' shared [C, C] transitions) gets the
+        # gradient summed over every position of every item: checked with its own tolerance
+        rank = ref.grads[0].dim()
+        pairs = list(zip(got.grads, ref.grads, strict=True))
+        errors["grad"] = max(_rel(g, r, 1e-6) for g, r in pairs if r.dim() == rank)
+        shared = [_rel(g, r, 1e-6) for g, r in pairs if r.dim() < rank]
+        if shared:
+            errors["grad_shared"] = max(shared)
     if got.map_score is not None and ref.map_score is not None:
         diff = (got.map_score - ref.map_score).abs()
         errors["argmax"] = float((diff / ref.map_score.abs().clamp(min=1.0)).max())
