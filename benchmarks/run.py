@@ -299,6 +299,18 @@ def compare(got: Outputs, ref: Outputs) -> dict[str, float]:
     return errors
 
 
+def _failed_ops(errors: dict[str, float], size: int) -> frozenset[str]:
+    """The ops a peer is not timed on after its check failed: a wrong second-order gradient
+    rules out ``marg_fb`` only, a wrong MAP ``argmax`` only, a wrong log Z or marginals
+    everything."""
+    bad = {k for k, v in errors.items() if not (math.isfinite(v) and v <= tolerance(k, size))}
+    if bad <= {"grad", "grad_shared"}:
+        return frozenset({"marg_fb"})
+    if bad == {"argmax"}:
+        return frozenset({"argmax"})
+    return frozenset({"logz_fb", "marg", "marg_fb", "argmax"})
+
+
 def _ok(errors: dict[str, float], size: int) -> bool:
     return all(math.isfinite(v) and v <= tolerance(k, size) for k, v in errors.items())
 
@@ -369,14 +381,15 @@ def run_config(
     The reference is our implementation run in float64 on the same inputs (itself checked
     against brute-force enumeration on tiny problems). A float32 result is compared with it,
     not with another float32 result: float32 libraries can legitimately differ from each
-    other by twice their own rounding error. A peer that fails is not timed; ours is timed
-    anyway (and the run exits 1).
+    other by twice their own rounding error. A peer that fails is not timed on the ops the
+    failed check covers (:func:`_failed_ops`); ours is timed anyway (and the run exits 1).
     """
     config = _config_label(problem)
     ours = adapters[0]
     ref = outputs(ours, ours.prepare(problem.to(torch.float64)), OPS[section])
     states: dict[str, State] = {}
     skipped: dict[str, str] = {}
+    failed: dict[str, frozenset[str]] = {}  # per peer, the ops its failed checks rule out
     for adapter in adapters:
         reason = adapter.supports(problem)
         if reason is not None:
@@ -397,15 +410,14 @@ def run_config(
         if not check.ok:
             _say(_fail_line(check, problem.size))
             if not adapter.is_ours:
-                skipped[adapter.library] = "FAIL"
-                continue
+                failed[adapter.library] = _failed_ops(errors, problem.size)
         states[adapter.library] = state
     for op in OPS[section]:
         progress.step(f"{section} {OP_TITLES[op]} {config}")
         fns = {
             a.library: a.op(op, states[a.library])
             for a in adapters
-            if a.library in states and op in a.ops
+            if a.library in states and op in a.ops and op not in failed.get(a.library, ())
         }
         timings = time_interleaved(fns, settings.repeats, settings.warmup)
         row = Row(
@@ -420,6 +432,7 @@ def run_config(
         row.samples = {lib: t.samples for lib, t in timings.items()}
         row.skipped = {
             **skipped,
+            **{lib: "FAIL" for lib, ops in failed.items() if op in ops},
             **{a.library: "no such op" for a in adapters[1:] if op not in a.ops},
         }
         results.rows.append(row)
