@@ -51,3 +51,11 @@ def length_mask(lengths: Tensor | None, batch: int, size: int, device: torch.dev
     if lengths is None:
         return torch.ones(batch, size, dtype=torch.bool, device=device)
     return torch.arange(size, device=device) < lengths.unsqueeze(-1)
+
+
+def last_index(lengths: Tensor | None, batch: int, size: int, device: torch.device) -> Tensor:
+    """LongTensor[B]: index of each item's last real position (``size - 1`` if ``lengths`` is
+    None)."""
+    if lengths is None:
+        return torch.full((batch,), size - 1, dtype=torch.long, device=device)
+    return lengths - 1

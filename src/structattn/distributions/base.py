@@ -54,18 +54,6 @@ class StructuredDistribution:
         """Inside pass returning one value per batch item, shape [B]."""
         raise NotImplementedError
 
-    def _inside_for_grad(
-        self,
-        semiring: type[Semiring],
-        parts: tuple[Tensor, ...],
-        lengths: Tensor | None,
-        create_graph: bool,
-    ) -> Tensor:
-        """The inside pass whose gradient is taken (with ``create_graph`` if the result is
-        differentiated again); default :meth:`_inside`. A subclass may pick a pass with a
-        hand-written backward when ``create_graph`` is False."""
-        return self._inside(semiring, parts, lengths)
-
     def _to_structure(self, *indicators: Tensor) -> Tensor:
         """Convert 0/1 part indicators (batch-first) into the structure encoding."""
         raise NotImplementedError
@@ -106,7 +94,7 @@ class StructuredDistribution:
             if repeat > 1:
                 parts = tuple(p.repeat(repeat, *([1] * (p.dim() - 1))) for p in parts)
                 lengths = None if lengths is None else lengths.repeat(repeat)
-            value = self._inside_for_grad(semiring, parts, lengths, create_graph)
+            value = self._inside(semiring, parts, lengths)
             grads = torch.autograd.grad(
                 value.sum(), parts, create_graph=create_graph, materialize_grads=True
             )

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 
 __all__ = [
@@ -38,20 +39,6 @@ __all__ = [
     "is_tree",
     "tree_score",
 ]
-
-
-def _skew(arc_scores: Tensor) -> tuple[Tensor, ...]:
-    """Per-width arc scores from one gather: ``out[w][b, 0, s] = arc_scores[b, s + w, s]``
-    (arc t -> s), ``out[w][b, 1, s] = arc_scores[b, s, s + w]`` (arc s -> t), for
-    ``s < N - w`` (entries beyond are padding)."""
-    batch, size, _ = arc_scores.shape
-    pos = torch.arange(size, device=arc_scores.device)
-    start = pos.view(1, 1, size)
-    end = (start + pos.view(size, 1, 1)).clamp_max(size - 1)  # [N(width), 1, N(start)]
-    index = torch.cat([end * size + start, start * size + end], 1)  # [N, 2, N]
-    flat = arc_scores.reshape(batch, size * size)
-    skewed = flat.gather(1, index.view(1, -1).expand(batch, -1))
-    return skewed.view(batch, size, 2, size).unbind(1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,10 +71,8 @@ def eisner_inside(
     """
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
-    if lengths is None:
-        lengths = torch.full((batch,), size, dtype=torch.long, device=device)
-    last = lengths - 1  # [B] index of the last real position
-    arcs = _skew(arc_scores)
+    last = last_index(lengths, batch, size, device)  # [B] index of the last real position
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (t -> s, s -> t)
     if not multiroot:
         widths = torch.arange(size, device=device)
         # root_open[w, b, 1, 0]: ROOT's right span of width w is not the whole sentence
@@ -106,7 +91,7 @@ def eisner_inside(
         n = size - w
         # inner[b, s] = ⊕_{s<=k<t} complete[s, k] + complete[t, k+1],  t = s + w   [B, n]
         inner = semiring.sum(comp_s[:, 1] + comp_e[:, 0], dim=-1)
-        inc = inner.unsqueeze(1) + arcs[w][:, :, :n]  # [B, 2, n]: (t -> s, s -> t)
+        inc = inner.unsqueeze(1) + arcs[w]  # [B, 2, n]: (t -> s, s -> t)
         new_s = inc[:, 1].unsqueeze(-1)
         new_e = inc[:, 0].unsqueeze(-1)
         inc_s = new_s if inc_s is None else torch.cat([inc_s[:, :n], new_s], -1)
@@ -391,7 +376,7 @@ class _EisnerMax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
-        last = _last(arc_scores, lengths)
+        last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         splits: list[tuple[Tensor, Tensor]] = []
         charts = _eisner_charts(arc_scores.detach(), last, multiroot, splits=splits)
         ctx.splits = splits
@@ -414,14 +399,6 @@ def eisner_max(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> T
     return _EisnerMax.apply(arc_scores, lengths, multiroot)
 
 
-def _last(arc_scores: Tensor, lengths: Tensor | None) -> Tensor:
-    """Index of each item's last real position, LongTensor [B]."""
-    batch, size, _ = arc_scores.shape
-    if lengths is None:
-        return torch.full((batch,), size - 1, dtype=torch.long, device=arc_scores.device)
-    return lengths - 1
-
-
 class _EisnerLogPartition(torch.autograd.Function):
     """log Z over projective trees (forward: inside pass on an in-place chart, no autograd
     graph; backward: the outside pass by hand, the marginals times the incoming gradient).
@@ -430,7 +407,7 @@ class _EisnerLogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
-        last = _last(arc_scores, lengths)
+        last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         batch, size, _ = arc_scores.shape
         small = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS and ctx.needs_input_grad[0]
         charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 
 __all__ = [
@@ -185,14 +186,6 @@ class _Pass(NamedTuple):
     end: Tensor  # e [B, N, C] or [B, N, 1]
     logz: Tensor  # [B]
     beta: Tensor | None  # β̂ [B, N, C] when the pass computed it on the way, else None
-
-
-def _last_index(unary: Tensor, lengths: Tensor | None) -> Tensor:
-    """Index L-1 of each item's last position, LongTensor [B]."""
-    batch, n, _ = unary.shape
-    if lengths is None:
-        return torch.full((batch,), n - 1, dtype=torch.long, device=unary.device)
-    return lengths - 1
 
 
 def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
@@ -373,7 +366,7 @@ def _forward_pass(unary: Tensor, pairwise: Tensor, lengths: Tensor | None, metho
     """The forward pass without autograd; ``method`` is 'auto', 'scaled' or 'log'."""
     if method not in ("auto", "scaled", "log"):
         raise ValueError(f"`method` must be 'auto', 'scaled' or 'log', got {method!r}")
-    last = _last_index(unary, lengths)
+    last = last_index(lengths, unary.shape[0], unary.shape[1], unary.device)
     with torch.no_grad():
         unary, pairwise = unary.detach(), pairwise.detach()
         if method != "log":
