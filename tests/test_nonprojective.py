@@ -344,8 +344,8 @@ def _lu_items(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor
     batch, size, _ = scores.shape
     real = None if lengths is None else nonprojective.length_mask(lengths, batch, size, "cpu")
     limit = nonprojective._MAX_COND.get(scores.dtype, nonprojective._MAX_COND_DEFAULT)
-    _, bad = nonprojective._MatrixTreeLU.apply(scores, real, multiroot, limit)
-    return ~bad
+    keep = nonprojective._lu_path(scores, real, multiroot, limit)[3]
+    return torch.ones(batch, dtype=torch.bool) if keep is None else keep
 
 
 def _first_and_second_order(

@@ -144,19 +144,6 @@ def _laplacian(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tens
     return lap
 
 
-def _laplacian_fast(weights: Tensor, padding: Tensor | None, multiroot: bool) -> Tensor:
-    """:func:`_laplacian` in float64 (the LU's precision) in four in-place ops (not
-    differentiable)."""
-    lap = weights[:, 1:].to(torch.float64, copy=True).neg_()  # [B, n, n]
-    incoming = (weights if multiroot else weights[:, 1:]).sum(1, dtype=torch.float64)  # [B, n]
-    if padding is not None:
-        incoming += padding
-    lap.diagonal(dim1=1, dim2=2).add_(incoming)
-    if not multiroot:
-        lap[:, 0] = weights[:, 0]
-    return lap
-
-
 def _weighted_adjoint(weights: Tensor, inverse: Tensor, multiroot: bool) -> Tensor:
     r""":math:`W \odot \Phi^*(Y^T)`, shape [B, N, n], from ``weights`` W [B, N, n] and ``inverse``
     Y [B, n, n], in differentiable ops. With :math:`Y = L^{-1}` these are the marginals:
@@ -173,40 +160,25 @@ def _weighted_adjoint(weights: Tensor, inverse: Tensor, multiroot: bool) -> Tens
     return weights * coef
 
 
-def _weighted_adjoint_into(
-    out: Tensor, weights: Tensor, inverse: Tensor, multiroot: bool
-) -> Tensor:
-    """:func:`_weighted_adjoint` written into ``out[:, :, 1:]`` ([B, N, N], any float dtype;
-    column 0 is left as is) with one temporary (not differentiable)."""
-    trans = inverse.transpose(1, 2)  # [B, n, n]
-    diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
-    # the differences in the inverse's precision, then one cast: no mixed-dtype products
-    if multiroot:
-        first = diag
-        coef = diag - trans  # [B, n, n]
-    else:
-        first = trans[:, :1]
-        coef = diag - trans
-        coef[:, 0] = diag[:, 0]  # arcs from word 1 (the replaced row): no Y_mh term
-        coef[:, 1:, 0] -= diag[:, :, 0]  # arcs into word 1: no Y_11 term
-    torch.mul(weights[:, :1], first.to(out.dtype), out=out[:, :1, 1:])
-    torch.mul(weights[:, 1:], coef.to(out.dtype), out=out[:, 1:, 1:])
-    return out
+def _adjoint_coefficients(padded: Tensor, multiroot: bool) -> Tensor:
+    r""":math:`\Phi^*(Z)`, shape [B, N, n] in the dtype of ``padded`` [B, N, n], which holds
+    :math:`Z = Y^T` in rows 1.. and zeros in row 0 (not differentiable). With
+    :math:`Y = \Phi(W)^{-1}` this is the gradient of :math:`\log\det\Phi(W)` with respect to
+    W, so the marginals are :math:`W \odot \Phi^*(Y^T)` (see :func:`_weighted_adjoint`):
+    multi-root, row 0 (root arcs) :math:`Z_{mm}` and row h :math:`Z_{mm} - Z_{hm}`, one
+    broadcast subtraction of the padded transpose (contiguous reads)."""
+    diag = padded[:, 1:].diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
+    coef = diag - padded  # [B, N, n]
+    if not multiroot:
+        coef[:, 0] = padded[:, 1]  # root arcs: Y_m1
+        coef[:, 1] = diag[:, 0]  # arcs from word 1 (the replaced row): no Y_mh term
+        coef[:, 2:, 0] -= diag[:, :, 0]  # arcs into word 1: no Y_11 term
+    return coef
 
 
-def _rescaled_weights(scores: Tensor, real: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(W [B, N, n], shift [B, 1, n]): ``W = exp(s - shift)`` for the arcs into the words (0
-    at self loops and padding), ``shift[m]`` the best score into word m (0 if it has no arc),
-    so every real column's largest weight is 1. ``real`` [B, N] (None: no padding). In the
-    input dtype (at least float32): a relative rounding of W is an absolute rounding of the
-    scores, harmless; the Laplacian is then formed in float64. Not differentiable."""
-    dtype = torch.promote_types(scores.dtype, torch.float32)
-    work = scores.detach()[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
-    work.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: work[:, m, m - 1]
-    if real is not None:
-        work.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
-    shift = work.amax(1, keepdim=True).nan_to_num_(neginf=0.0)  # [B, 1, n]
-    return work.sub_(shift).exp_(), shift
+def _pad_row(x: Tensor) -> Tensor:
+    """[B, n, n] -> [B, n + 1, n] with a zero row 0."""
+    return torch.nn.functional.pad(x, (0, 0, 1, 0))
 
 
 class _KnownInverse(torch.autograd.Function):
@@ -231,119 +203,156 @@ def _padding(real: Tensor | None) -> Tensor | None:
     return None if real is None else (~real[:, 1:]).to(torch.float64)
 
 
+def _marginals_rebuilt(
+    scores: Tensor, padded: Tensor, real: Tensor | None, keep: Tensor | None, multiroot: bool
+) -> tuple[Tensor, Tensor]:
+    """(weights [B, N, n], inverse [B, n, n]) as differentiable functions of ``scores`` (the
+    inverse through :class:`_KnownInverse`, from its known transpose in ``padded``), both
+    float64: the third-order path, where a hand-written backward is itself differentiated."""
+    batch, size, _ = scores.shape
+    arcs = _arc_mask(length_mask(None, batch, size, scores.device) if real is None else real)
+    masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
+    shift = masked.detach().amax(1, keepdim=True).nan_to_num(neginf=0.0)
+    live = (masked - shift).exp()  # [B, N, n]
+    if keep is not None:
+        live = live * keep[:, None, None]
+    lap = _laplacian(live, _padding(real), multiroot)
+    return live, _KnownInverse.apply(lap, padded[:, 1:].to(torch.float64).transpose(1, 2))
+
+
 class _TreeMarginals(torch.autograd.Function):
-    """Marginals [B, N, N] (input dtype) from the saved weights and inverse Laplacian of
-    :class:`_MatrixTreeLU`; backward by the closed form above (two batched matmuls). When
-    that backward is itself differentiated (third order), it is rebuilt from differentiable
-    ops on the scores, with the known inverse."""
+    """Marginals [B, N, N] (input dtype) from the weights and padded transposed inverse
+    Laplacian of :func:`_lu_path`; backward by the closed form above (two batched matmuls).
+    When that backward is itself differentiated (third order), it is rebuilt from
+    differentiable ops on the scores, with the known inverse."""
 
     @staticmethod
     def forward(
         ctx: Any,
         scores: Tensor,
         weights: Tensor,
-        inverse: Tensor,
+        padded: Tensor,
         real: Tensor | None,
         keep: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
         out = scores.new_zeros(scores.shape)  # [B, N, N]
-        _weighted_adjoint_into(out, weights, inverse, multiroot)
-        ctx.save_for_backward(scores, weights, inverse, real, keep, out)
+        coef = _adjoint_coefficients(padded, multiroot).to(weights.dtype)  # [B, N, n]
+        torch.mul(weights, coef, out=out[:, :, 1:])
+        ctx.save_for_backward(scores, weights, padded, real, keep, out)
         ctx.multiroot = multiroot
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, inverse, real, keep, marginals = ctx.saved_tensors
+        scores, weights, padded, real, keep, marginals = ctx.saved_tensors
         multiroot = ctx.multiroot
         none = (None, None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
-            batch, size, _ = scores.shape
-            arcs = _arc_mask(
-                length_mask(None, batch, size, scores.device) if real is None else real
-            )
-            masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
-            shift = masked.detach().amax(1, keepdim=True).nan_to_num(neginf=0.0)
-            live = (masked - shift).exp()  # [B, N, n]
-            if keep is not None:
-                live = live * keep[:, None, None]
-            inverse = _KnownInverse.apply(_laplacian(live, _padding(real), multiroot), inverse)
+            live, inverse = _marginals_rebuilt(scores, padded, real, keep, multiroot)
             lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
             adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
             adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
             return grad * marginals - adj, *none
-        # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T)
-        # in the weights' dtype: float32 matmuls for float32 scores
-        lap = _laplacian(grad[:, :, 1:] * weights, None, multiroot)  # [B, n, n]
-        inverse = inverse.to(weights.dtype)
-        out = scores.new_empty(scores.shape)  # [B, N, N]
-        out[:, :, 0] = 0.0
-        _weighted_adjoint_into(out, weights, inverse @ lap @ inverse, multiroot)
-        return out.neg_().addcmul_(grad, marginals), *none
+        # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T), in the weights'
+        # dtype (float32 matmuls for float32 scores); (Y A Y)^T = Y^T A^T Y^T
+        scaled = grad[:, :, 1:] * weights  # [B, N, n]
+        lap = scaled[:, 1:].neg()  # [B, n, n] A, in place
+        lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
+        if not multiroot:
+            lap[:, 0] = scaled[:, 0]
+        trans = padded[:, 1:].to(weights.dtype)
+        coef = _adjoint_coefficients(_pad_row(trans @ lap.transpose(1, 2) @ trans), multiroot)
+        out = grad * marginals
+        out[:, :, 1:] -= coef.mul_(weights)
+        return out, *none
 
 
 def _lu_path(
-    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """The forward of :class:`_MatrixTreeLU` (not differentiable): (log Z [B] in the input
-    dtype, ``bad`` [B], weights [B, N, n], inverse [B, n, n] float64, ``keep`` [B] or None
-    when every item is kept). Items that are ``bad`` get log Z 0, zero weights and the
-    identity as inverse (so zero marginals and gradients, for the caller to replace)."""
-    weights, shift = _rescaled_weights(scores, real)  # [B, N, n], [B, 1, n]
-    lap = _laplacian_fast(weights, _padding(real), multiroot)  # [B, n, n]
+    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, logdet: bool = True
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor | None]:
+    r"""The LU of the column-rescaled Laplacian (not differentiable): (log Z [B] in the input
+    dtype, or None if ``logdet`` is False; weights W [B, N, n] = ``exp(s - shift)`` for the
+    arcs into the words in the input dtype (at least float32; 0 at self loops and padding);
+    the transposed inverse :math:`L^{-T}` [B, n, n] float64 in rows 1.. of a [B, N, n] buffer
+    with a zero row 0 (see :func:`_adjoint_coefficients`); ``keep`` [B] bool, or None when
+    every item is kept).
+
+    Column m of L holds only weights of arcs into m, so subtracting its best score
+    :math:`c_m` rescales det L by :math:`e^{-c_m}` exactly and leaves every weight in [0, 1]
+    (a relative rounding of W is an absolute rounding of the scores: harmless in float32);
+    the Laplacian is formed and factorised in float64. Items whose 1-norm condition number
+    exceeds ``max_cond`` (NaN if singular: no tree) are not kept: they get log Z 0, zero
+    weights and the identity as inverse (zero marginals and gradients), for the caller to
+    replace. When the condition number is small the determinant is accurate, hence positive
+    like Z: no sign check is needed."""
+    batch, size, _ = scores.shape
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    weights = scores[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
+    weights.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: weights[:, m, m - 1]
+    if real is not None:
+        weights.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
+    shift = weights.amax(1, keepdim=True).nan_to_num_(neginf=0.0)  # [B, 1, n]
+    weights.sub_(shift).exp_()
+    lap = weights[:, 1:].to(torch.float64, copy=True).neg_()  # [B, n, n]
+    incoming = (weights if multiroot else weights[:, 1:]).sum(1, dtype=torch.float64)  # [B, n]
+    if real is not None:
+        incoming += ~real[:, 1:]  # padding words: rows and columns of the identity
+    lap.diagonal(dim1=1, dim2=2).add_(incoming)
+    if not multiroot:
+        lap[:, 0] = weights[:, 0]  # first row := rho
     factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
-    eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
-    inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
+    eye = torch.eye(size - 1, dtype=lap.dtype, device=lap.device)
+    # L^{-T} (its rows are the columns of the inverse, which the marginals read), padded
+    padded = weights.new_zeros(weights.shape, dtype=torch.float64)  # [B, N, n]
+    torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap), adjoint=True, out=padded[:, 1:])
     # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
-    norm = weights.sum(1).amax(-1)  # [B]
-    inv_norm = inverse.abs().sum(1).amax(-1)  # [B]
-    keep = (norm * inv_norm).mul_(2) <= max_cond  # False if NaN (singular)
-    logdet = factor.diagonal(dim1=1, dim2=2).abs().log_().sum(-1)
-    logdet += shift.sum((1, 2), dtype=torch.float64)  # [B]
-    bad = ~keep
-    if not bool(bad.any()):
-        return logdet.to(scores.dtype), bad, weights, inverse, None
-    inverse = torch.where(keep[:, None, None], inverse, eye)
-    weights = weights * keep[:, None, None]
-    logdet = logdet.masked_fill(bad, 0.0)
-    return logdet.to(scores.dtype), bad, weights, inverse, keep
+    norm = incoming if multiroot else weights.sum(1)  # [B, n]
+    keep = padded.abs().sum(2).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
+    logz = None
+    if logdet:
+        logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
+    if bool(keep.all()):
+        return None if logz is None else logz.to(scores.dtype), weights, padded, None
+    padded = torch.where(keep[:, None, None], padded, _pad_row(eye.expand_as(lap)))
+    weights.mul_(keep[:, None, None])
+    if logz is not None:
+        logz = logz.masked_fill(~keep, 0.0).to(scores.dtype)
+    return logz, weights, padded, keep
 
 
-class _MatrixTreeLU(torch.autograd.Function):
-    r"""log Z by an LU factorisation of the column-rescaled Laplacian, in float64.
-
-    Input: ``scores`` [B, N, N] (non-arcs are masked here), ``real`` [B, N] (None: no
-    padding). Output: (log Z [B] in the input dtype, ``bad`` [B] bool). Column m of L holds
-    only weights of arcs into m, so subtracting :math:`c_m = \max_h s_{hm}` from that column
-    rescales det L by :math:`e^{-c_m}` exactly. ``bad`` marks the items where the result is
-    not trustworthy: singular (no tree) or 1-norm condition number above ``max_cond`` (huge
-    score ranges, nearly disconnected words); their log Z is 0 here with zero gradient, for
-    the caller to replace. When the condition number is small, the computed determinant is
-    accurate, hence positive like Z, and no sign check is needed.
-    The backward gives the marginals in closed form from the inverse (:class:`_TreeMarginals`).
-    """
+class _LogPartition(torch.autograd.Function):
+    r"""log Z [B] as computed by :func:`_lu_path` (passed through), differentiable with respect
+    to ``scores``: the backward gives the marginals in closed form from the inverse
+    (:func:`_adjoint_coefficients`), and through :class:`_TreeMarginals` when it is itself
+    differentiated."""
 
     @staticmethod
     def forward(
-        ctx: Any, scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float
-    ) -> tuple[Tensor, Tensor]:
-        logdet, bad, weights, inverse, keep = _lu_path(scores, real, multiroot, max_cond)
-        ctx.save_for_backward(scores, weights, inverse, real, keep)
+        ctx: Any,
+        scores: Tensor,
+        logdet: Tensor,
+        weights: Tensor,
+        padded: Tensor,
+        real: Tensor | None,
+        keep: Tensor | None,
+        multiroot: bool,
+    ) -> Tensor:
+        ctx.save_for_backward(scores, weights, padded, real, keep)
         ctx.multiroot = multiroot
-        ctx.mark_non_differentiable(bad)
-        return logdet, bad
+        return logdet.view_as(logdet)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, inverse, real, keep = ctx.saved_tensors
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        scores, weights, padded, real, keep = ctx.saved_tensors
+        none = (None, None, None, None, None, None)
         if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
-            marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
-            return grad[:, None, None] * marginals, None, None, None
-        marginals = _weighted_adjoint_into(
-            scores.new_zeros(scores.shape), weights, inverse, ctx.multiroot
-        )
-        return marginals.mul_(grad[:, None, None]), None, None, None
+            marginals = _TreeMarginals.apply(scores, weights, padded, real, keep, ctx.multiroot)
+            return grad[:, None, None] * marginals, *none
+        coef = _adjoint_coefficients(padded, ctx.multiroot).mul_(grad[:, None, None])
+        out = scores.new_zeros(scores.shape)  # [B, N, N]
+        torch.mul(weights, coef.to(weights.dtype), out=out[:, :, 1:])
+        return out, *none
 
 
 #: largest 1-norm condition number of the rescaled Laplacian for which the LU path is used,
@@ -395,7 +404,7 @@ def matrix_tree_log_partition(
     Differentiable to any order.
 
     Every item first goes through the LU of its column-rescaled Laplacian in float64
-    (:class:`_MatrixTreeLU`: O(N^3) in a few batched LAPACK calls, marginals in closed form
+    (:func:`_lu_path`: O(N^3) in a few batched LAPACK calls, marginals in closed form
     from the inverse); the items where that is ill-conditioned or singular (no tree, huge
     score ranges, ``-inf`` arcs that disconnect words) are recomputed together by the exact
     log-space elimination (:func:`_eliminate`, N sequential steps).
@@ -404,9 +413,13 @@ def matrix_tree_log_partition(
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
-    logz, bad = _MatrixTreeLU.apply(arc_scores, real, multiroot, max_cond)
-    if bool(bad.any()):
-        index = bad.nonzero().squeeze(1)  # [K] items for the exact elimination
+    with torch.no_grad():
+        logz, weights, padded, keep = _lu_path(arc_scores.detach(), real, multiroot, max_cond)
+    assert logz is not None
+    if arc_scores.requires_grad and torch.is_grad_enabled():
+        logz = _LogPartition.apply(arc_scores, logz, weights, padded, real, keep, multiroot)
+    if keep is not None:
+        index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
         sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
         scores = arc_scores.index_select(0, index).masked_fill(~_arc_mask(sub), _NEG_INF)
         logz = logz.index_copy(0, index, _eliminate(scores, sub, multiroot))
@@ -433,12 +446,12 @@ def matrix_tree_marginals(
     differentiable = create_graph and arc_scores.requires_grad
     scores = arc_scores if differentiable else arc_scores.detach()
     with torch.no_grad():
-        _, bad, weights, inverse, keep = _lu_path(scores.detach(), real, multiroot, max_cond)
+        _, weights, padded, keep = _lu_path(scores.detach(), real, multiroot, max_cond, False)
     with torch.set_grad_enabled(differentiable):
-        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
+        marginals = _TreeMarginals.apply(scores, weights, padded, real, keep, multiroot)
     if keep is None:
         return marginals
-    index = bad.nonzero().squeeze(1)  # [K] items for the exact elimination
+    index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
     sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
     with torch.inference_mode(False), torch.enable_grad():
         picked = scores.index_select(0, index)
