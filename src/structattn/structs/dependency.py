@@ -44,16 +44,16 @@ __all__ = [
 @functools.lru_cache(maxsize=64)
 def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
     """Flat [N * N] positions of the arcs of every span, width by width (w = 1 .. N-1; per
-    width the n = N - w arcs t -> s, then the n arcs s -> t), and the per-width counts."""
+    width the n = N - w arcs s -> t, then the n arcs t -> s), and the per-width counts."""
     index = []
     for w in range(1, size):
         start = torch.arange(size - w, device=device)
-        index += [(start + w) * size + start, start * size + start + w]
+        index += [start * size + start + w, (start + w) * size + start]
     return torch.cat(index), [2 * (size - w) for w in range(1, size)]
 
 
 def _arcs_by_width(arc_scores: Tensor) -> list[Tensor]:
-    """``out[w]`` [B, 2, N - w]: (arc s+w -> s, arc s -> s+w) for the spans of width w (one
+    """``out[w]`` [B, 2, N - w]: (arc s -> s+w, arc s+w -> s) for the spans of width w (one
     gather; ``out[0]`` is an empty placeholder)."""
     batch, size, _ = arc_scores.shape
     index, counts = _width_index(size, arc_scores.device)
@@ -72,7 +72,7 @@ def eisner_inside(
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     last = last_index(lengths, batch, size, device)  # [B] index of the last real position
-    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (t -> s, s -> t)
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (s -> t, t -> s)
     if not multiroot:
         widths = torch.arange(size, device=device)
         # root_open[w, b, 1, 0]: ROOT's right span of width w is not the whole sentence
@@ -91,9 +91,9 @@ def eisner_inside(
         n = size - w
         # inner[b, s] = ⊕_{s<=k<t} complete[s, k] + complete[t, k+1],  t = s + w   [B, n]
         inner = semiring.sum(comp_s[:, 1] + comp_e[:, 0], dim=-1)
-        inc = inner.unsqueeze(1) + arcs[w]  # [B, 2, n]: (t -> s, s -> t)
-        new_s = inc[:, 1].unsqueeze(-1)
-        new_e = inc[:, 0].unsqueeze(-1)
+        inc = inner.unsqueeze(1) + arcs[w]  # [B, 2, n]: (s -> t, t -> s)
+        new_s = inc[:, 0].unsqueeze(-1)
+        new_e = inc[:, 1].unsqueeze(-1)
         inc_s = new_s if inc_s is None else torch.cat([inc_s[:, :n], new_s], -1)
         inc_e = new_e if inc_e is None else torch.cat([new_e, inc_e[:, 1:]], -1)
         # left  complete[t, s] = ⊕_{s<=k<t} complete[k, s] + incomplete[t, k]
@@ -113,70 +113,83 @@ def eisner_inside(
 
 
 # ---- log Z, marginals, their derivative and the MAP by hand -----------------------------------
-# One chart X [B, 4, N, N] without autograd, read and written in place. Directions:
-#   0: I_L' (X[0, s+1, k-1] = I_L(s, k), the arc s+k -> s over s..s+k)
-#   1: C_L  (X[1, s, k] = left complete s..s+k, headed at s+k)
-#   2: C_R  (X[2, s, k] = right complete s..s+k, headed at s)
-#   3: I_R' (X[3, s, k-1] = I_R(s, k), the arc s -> s+k)
-# The shifts make the pieces of all three sums of a width w one strided view each, [B, 3, n, w]
-# (n = N - w starts s, t = s + w, split j < w), groups (left complete, inner, right complete):
-#   first  X[1 + g, s, j]:        C_L(s, j)            C_R(s, j)            I_R(s, j + 1)
-#   second X[g, s+1+j, w-1-j]:    I_L(s+j, w-j)        C_L(s+1+j, w-1-j)    C_R(s+1+j, w-1-j)
-# and C_L(s, w) = logaddexp(left partial, I_L(s, w)), C_R(s, w) = logaddexp(right partial,
-# I_R(s, w)), where the partial sums miss the one term holding I(s, w) itself (left j = 0,
-# right j = w - 1: still -inf when the sums are taken), and I(s, w) = inner(s, w) + arc.
-# The passes are per-op-overhead bound at small N: about 20 tensor ops per width inside.
+# One chart X [B, 6, N, N] without autograd, read and written in place, width-major: planes
+# 0-2 index a span by its start s (column) and width (row), planes 3-5 by its end e (column)
+# and reversed width (row), so that both pieces of every term of a width are views that are
+# contiguous along the span start (fast elementwise ops and reductions over the split):
+#   0: I_R  X[0, k-1, s]       = I_R(s, k), the arc s -> s+k over s..s+k
+#   1: C_R  X[1, k, s]         = right complete s..s+k, headed at s
+#   2: C_L  X[2, k, s]         = left complete s..s+k, headed at s+k
+#   3: C_R  X[3, N-1-k, s+k]   = C_R(s, k)   (the same values, end-indexed)
+#   4: C_L  X[4, N-1-k, s+k]   = C_L(s, k)
+#   5: I_L  X[5, N-k, s+k]     = I_L(s, k), the arc s+k -> s
+# The terms of the three sums of a width w, [B, 3, w, n] (split j < w, n = N - w starts s,
+# t = s + w), groups (right complete, inner, left complete), are first + second with
+#   first  X[g, j, s]:            I_R(s, j + 1)        C_R(s, j)            C_L(s, j)
+#   second X[3 + g, N-w+j, s+w]:  C_R(s+1+j, w-1-j)    C_L(s+1+j, w-1-j)    I_L(s+j, w-j)
+# and C_R(s, w) = logaddexp(right partial, I_R(s, w)), C_L(s, w) = logaddexp(left partial,
+# I_L(s, w)), where the partial sums miss the one term holding I(s, w) itself (right
+# j = w - 1, left j = 0: still -inf when the sums are taken), and I(s, w) = inner(s, w) + arc.
+# A complete span is written to both of its planes; an incomplete one lives in one plane, so
+# the gradient of a complete span is the sum of its two copies' gradients.
 class _Layout:
-    """Strided views of a chart [B, 4, N, N] (see above) for the spans of width ``w``."""
+    """Strided views of a chart [B, 6, N, N] (see above) for the spans of width ``w``."""
 
     def __init__(self, chart: Tensor) -> None:
         self.b, self.d, self.r, _ = chart.stride()
         self.batch, self.size = chart.shape[0], chart.shape[-1]
 
     def first(self, x: Tensor, w: int) -> Tensor:
-        """[B, 3, n, w]: the first piece of each term of the three sums."""
-        return x.as_strided((self.batch, 3, self.size - w, w), (self.b, self.d, self.r, 1), self.d)
+        """[B, 3, w, n]: the first piece of each term of the three sums."""
+        return x.as_strided((self.batch, 3, w, self.size - w), (self.b, self.d, self.r, 1), 0)
 
     def second(self, x: Tensor, w: int) -> Tensor:
-        """[B, 3, n, w]: the second piece of each term of the three sums."""
-        return x.as_strided(
-            (self.batch, 3, self.size - w, w), (self.b, self.d, self.r, self.r - 1), self.r + w - 1
-        )
+        """[B, 3, w, n]: the second piece of each term of the three sums."""
+        offset = 3 * self.d + (self.size - w) * self.r + w
+        return x.as_strided((self.batch, 3, w, self.size - w), (self.b, self.d, self.r, 1), offset)
 
     def inc(self, x: Tensor, w: int) -> Tensor:
-        """[B, 2, n]: (I_L(s, w), I_R(s, w))."""
-        return x.as_strided(
-            (self.batch, 2, self.size - w), (self.b, 3 * self.d - self.r, self.r), self.r + w - 1
-        )
+        """[B, 2, n]: (I_R(s, w), I_L(s, w))."""
+        n, r = self.size - w, self.r
+        step = 5 * self.d + (n - w + 1) * r + w  # X[5, N-w, s+w] - X[0, w-1, s]
+        return x.as_strided((self.batch, 2, n), (self.b, step, 1), (w - 1) * r)
 
     def comp(self, x: Tensor, w: int) -> Tensor:
-        """[B, 2, n]: (C_L(s, w), C_R(s, w))."""
-        return x.as_strided((self.batch, 2, self.size - w), (self.b, self.d, self.r), self.d + w)
+        """[B, 2, 2, n]: (C_R(s, w), C_L(s, w)), start-indexed copy then end-indexed copy."""
+        n, r = self.size - w, self.r
+        step = 2 * self.d + (n - 1 - w) * r + w  # X[3, N-1-w, s+w] - X[1, w, s]
+        return x.as_strided((self.batch, 2, 2, n), (self.b, step, self.d, 1), self.d + w * r)
+
+    def terms(self, x: Tensor, w: int) -> Tensor:
+        """first + second, [B, 3, w, n], stored split-major ([w, B, 3, n] in memory), so that
+        the reductions over the split run over the outermost dimension (vectorised)."""
+        out = x.new_empty(w, self.batch, 3, self.size - w).permute(1, 2, 0, 3)
+        return torch.add(self.first(x, w), self.second(x, w), out=out)
 
 
 def _groups(comp: Tensor, inner: Tensor) -> Tensor:
-    """[B, 3, n] in the group order (left, inner, right) from [B, 2, n] and [B, 1, n]."""
+    """[B, 3, n] in the group order (right, inner, left) from [B, 2, n] and [B, 1, n]."""
     return torch.cat([comp[:, :1], inner, comp[:, 1:]], 1)
 
 
 def _weights(
     e: Tensor, top: Tensor | None, sums: Tensor, inc: Tensor, open_root: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """Split weights of width w (softmax of each sum's terms): (P [B, 3, n, w] over the terms,
+    """Split weights of width w (softmax of each sum's terms): (P [B, 3, w, n] over the terms,
     r [B, 2, n] of the I(s, w) term of the complete spans), from ``e`` = exp(terms - top)
-    (or the terms themselves when ``top`` is None), which is overwritten. The terms must be
-    ``-inf`` in the I(s, w) slots; ``sums`` [B, 3, n] = (C_L, inner, C_R) of width w;
-    ``open_root`` [B] marks the single-root items whose ROOT span of this width is masked
-    (weights 0)."""
+    (top [B, 3, 1, n]; or the terms themselves when ``top`` is None), which is overwritten.
+    The terms must be ``-inf`` in the I(s, w) slots; ``sums`` [B, 3, n] = (C_R, inner, C_L)
+    of width w; ``open_root`` [B] marks the single-root items whose ROOT span of this width
+    is masked (weights 0)."""
     norms = sums.clamp_min(torch.finfo(sums.dtype).min)  # -inf: exp(-inf - it) = 0, no NaN
     if top is None:
-        p = e.sub_(norms.unsqueeze(-1)).exp_()
+        p = e.sub_(norms.unsqueeze(2)).exp_()
     else:  # exp(terms - C) = e exp(top - C), top <= C
-        p = e.mul_((top - norms.unsqueeze(-1)).exp_())
+        p = e.mul_((top - norms.unsqueeze(2)).exp_())
     r = (inc - norms[:, 0::2]).exp_()
     if open_root is not None:
-        p[:, 2, 0].masked_fill_(open_root.unsqueeze(-1), 0.0)
-        r[:, 1, 0].masked_fill_(open_root, 0.0)
+        p[:, 0, :, 0].masked_fill_(open_root.unsqueeze(-1), 0.0)
+        r[:, 0, 0].masked_fill_(open_root, 0.0)
     return p, r
 
 
@@ -187,8 +200,8 @@ _CACHE_ELEMENTS = 1 << 22
 
 
 class _Charts(NamedTuple):
-    chart: Tensor  # [B, 4, N, N] (layout above)
-    inner: Tensor  # [B, N, N]: inner[b, s, w] = log sum_j C_R(s, s+j) + C_L(s+j+1, t)
+    chart: Tensor  # [B, 6, N, N] (layout above)
+    inner: Tensor  # [B, N, N]: inner[b, w, s] = log sum_j C_R(s, s+j) + C_L(s+j+1, t)
     # (empty when ``weights`` are kept)
     last: Tensor  # [B] index of the last real position
     multiroot: bool
@@ -201,10 +214,10 @@ class _Charts(NamedTuple):
         if self.weights is not None:
             return self.weights[w - 1]
         n = lay.size - w
-        terms = lay.first(self.chart, w) + lay.second(self.chart, w)
-        terms[:, 0, :, 0] = float("-inf")  # the I(s, w) slots
-        terms[:, 2, :, w - 1] = float("-inf")
-        sums = _groups(lay.comp(self.chart, w), self.inner[:, None, :n, w])
+        terms = lay.terms(self.chart, w)  # [B, 3, w, n]
+        terms[:, 0, w - 1] = float("-inf")  # the I(s, w) slots
+        terms[:, 2, 0] = float("-inf")
+        sums = _groups(lay.comp(self.chart, w)[:, 0], self.inner[:, None, w, :n])
         return _weights(terms, None, sums, lay.inc(self.chart, w), self.open_root(w))
 
 
@@ -218,85 +231,91 @@ def _eisner_charts(
     """Inside pass (log semiring; with ``splits``, a list, the max semiring, and the best
     split points of widths 1 .. N-1 are appended to it: (index [B, 3, n], direct [B, 2, n]))."""
     batch, size, _ = arc_scores.shape
-    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (t -> s, s -> t)
-    chart = arc_scores.new_full((batch, 4, size, size), float("-inf"))
-    chart[:, 1:3, :, 0] = 0.0  # complete spans of width 0
-    # inner[b, s, w] (needed only to recompute the split weights; not kept with them)
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (s -> t, t -> s)
+    chart = arc_scores.new_full((batch, 6, size, size), float("-inf"))
+    chart[:, 1:3, 0] = 0.0  # complete spans of width 0
+    chart[:, 3:5, size - 1] = 0.0
+    # inner[b, w, s] (needed only to recompute the split weights; not kept with them)
     inner = arc_scores.new_full((0,) if keep_weights else (batch, size, size), float("-inf"))
     weights: list[tuple[Tensor, Tensor]] | None = [] if keep_weights else None
     lay = _Layout(chart)
     for w in range(1, size):
         n = size - w
-        terms = lay.first(chart, w) + lay.second(chart, w)  # [B, 3, n, w]
+        terms = lay.terms(chart, w)  # [B, 3, w, n]
         open_root = None if multiroot else last != w
         if splits is None and weights is not None:
-            # log-sum-exp and the weights from one exp of the terms: with the row max m,
-            # e = exp(terms - m), sums = m + log sum e, and later P = e exp(m - C)
-            top = terms.amax(-1, keepdim=True).clamp_min_(torch.finfo(terms.dtype).min)
-            e = terms.sub_(top).exp_()  # [B, 3, n, w]
-            sums = e.sum(-1).log_().add_(top.squeeze(-1))  # (left partial, inner, right p.)
+            # log-sum-exp and the weights from one exp of the terms: with the max m over the
+            # split, e = exp(terms - m), sums = m + log sum e, and later P = e exp(m - C)
+            top = terms.amax(2, keepdim=True).clamp_min_(torch.finfo(terms.dtype).min)
+            e = terms.sub_(top).exp_()  # [B, 3, w, n]
+            sums = e.sum(2).log_().add_(top.squeeze(2))  # (right partial, inner, left p.)
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))  # I = inner + arc
             comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
             torch.logaddexp(comp, inc, out=comp)
             weights.append(_weights(e, top, sums, inc, open_root))
         elif splits is None:
-            sums = torch.logsumexp(terms, -1)  # [B, 3, n]: (left partial, inner, right partial)
+            sums = torch.logsumexp(terms, 2)  # [B, 3, n]: (right partial, inner, left partial)
             # I(s, w) = inner + arc                                             [B, 2, n]
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
-            comp = sums[:, 0::2]  # C(s, w) = logaddexp(partial, I(s, w)), in place
-            torch.logaddexp(comp, inc, out=comp)
-            inner[:, :n, w] = sums[:, 1]
+            comp = torch.logaddexp(sums[:, 0::2], inc)
+            inner[:, w, :n] = sums[:, 1]
         else:
-            sums, index = terms.max(-1)
+            sums, index = terms.max(2)
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
             partial = sums[:, 0::2]
             # ties as the plain max over j: left takes I (j = 0), right the partial
-            direct = torch.stack([inc[:, 0] >= partial[:, 0], inc[:, 1] > partial[:, 1]], 1)
+            direct = torch.stack([inc[:, 0] > partial[:, 0], inc[:, 1] >= partial[:, 1]], 1)
             comp = torch.where(direct, inc, partial)
             splits.append((index, direct))
         if open_root is not None:  # ROOT's right span is closed only at the sentence end
-            comp[:, 1, 0].masked_fill_(open_root, float("-inf"))
-        lay.comp(chart, w).copy_(comp)
+            comp[:, 0, 0].masked_fill_(open_root, float("-inf"))
+        lay.comp(chart, w).copy_(comp.unsqueeze(1))  # both copies
     return _Charts(chart, inner, last, multiroot, weights)
 
 
 @functools.lru_cache(maxsize=64)
 def _arc_index(size: int, device: torch.device) -> Tensor:
     """LongTensor [N * N]: the flat chart position of the I span of each arc h -> m (a slot
-    that is never written, X[3, 0, N-1], for h = m)."""
+    that is never written, X[0, N-1, N-1], for h = m)."""
     h = torch.arange(size, device=device).unsqueeze(1)
     m = torch.arange(size, device=device).unsqueeze(0)
     plane = size * size
-    left = (m + 1) * size + (h - m - 1)  # I_L(m, h - m) at X[0, m+1, h-m-1]
-    right = 3 * plane + h * size + (m - h - 1)  # I_R(h, m - h) at X[3, h, m-h-1]
-    unused = torch.full_like(left, 3 * plane + size - 1)
+    left = 5 * plane + (size - (h - m)) * size + h  # I_L(m, h - m) at X[5, N-(h-m), h]
+    right = (m - h - 1) * size + h  # I_R(h, m - h) at X[0, m-h-1, h]
+    unused = torch.full_like(left, plane - 1)
     return torch.where(h > m, left, torch.where(h < m, right, unused)).flatten()
 
 
 def _arc_grads(grad_chart: Tensor) -> Tensor:
-    """[B, N, N] arc gradients from a gradient chart [B, 4, N, N] (an arc enters only its
+    """[B, N, N] arc gradients from a gradient chart [B, 6, N, N] (an arc enters only its
     own I span)."""
     batch, _, size, _ = grad_chart.shape
     index = _arc_index(size, grad_chart.device)
     return grad_chart.reshape(batch, -1).index_select(1, index).view(batch, size, size)
 
 
+def _outside_seed(grad: Tensor, last: Tensor, seed: Tensor) -> None:
+    """Seed the gradient chart with d/d log Z: log Z = C_R(0, last) (start-indexed copy)."""
+    grad[:, 1, :, 0].scatter_(1, last.unsqueeze(-1), seed.unsqueeze(-1))
+
+
 def _eisner_outside(charts: _Charts, seed: Tensor, parents: list[Tensor] | None = None) -> Tensor:
-    """Outside pass by hand: d (seed . log Z) / d chart entry, [B, 4, N, N]; ``seed`` [B] is
-    the incoming gradient of log Z. Each span passes its gradient times the split weights to
-    the two pieces of every term (widths down). If ``parents`` is a list, the gradients of
-    the three sums of widths N-1 .. 1 are appended to it, [B, 3, n, 1] each."""
+    """Outside pass by hand: d (seed . log Z) / d chart entry, [B, 6, N, N] (final for the
+    I spans; for a complete span, the sum of its two copies); ``seed`` [B] is the incoming
+    gradient of log Z. Each span passes its gradient times the split weights to the two
+    pieces of every term (widths down). If ``parents`` is a list, the gradients of the three
+    sums of widths N-1 .. 1 are appended to it, [B, 3, 1, n] each."""
     grad = torch.zeros_like(charts.chart)
-    grad[:, 2, 0].scatter_(1, charts.last.unsqueeze(-1), seed.unsqueeze(-1))
+    _outside_seed(grad, charts.last, seed)
     lay = _Layout(grad)
     for w in range(lay.size - 1, 0, -1):
         p, r = charts.split_weights(lay, w)
-        g_comp = lay.comp(grad, w)  # [B, 2, n], final: every use is wider
+        g_comp = lay.comp(grad, w).sum(1)  # [B, 2, n], final: every use is wider
         g_inc = lay.inc(grad, w).addcmul_(r, g_comp)  # + the complete spans' I(s, w) term
-        g_parent = _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, 1]
+        g_parent = _groups(g_comp, g_inc.sum(1, keepdim=True)).unsqueeze(2)  # [B, 3, 1, n]
         if parents is not None:
             parents.append(g_parent)
-        lay.first(grad, w).addcmul_(p, g_parent)  # [B, 3, n, w]
+        lay.first(grad, w).addcmul_(p, g_parent)  # [B, 3, w, n]
         lay.second(grad, w).addcmul_(p, g_parent)
     return grad
 
@@ -314,36 +333,41 @@ def _eisner_hvp(
     and the result is dot g of the I spans, mapped back to arcs."""
     tangent = torch.zeros_like(charts.chart)
     lay = _Layout(tangent)
-    dirs = _arcs_by_width(direction)  # per width [B, 2, n]: (t -> s, s -> t)
+    dirs = _arcs_by_width(direction)  # per width [B, 2, n]: (s -> t, t -> s)
     keep = charts.weights is not None and parents is not None
-    sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums [B, 3, n, 1])
+    sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums [B, 3, 1, n])
     for w in range(1, lay.size):
         p, r = charts.split_weights(lay, w)
-        d_terms = lay.first(tangent, w) + lay.second(tangent, w)  # [B, 3, n, w]
-        d_sums = (p * d_terms).sum(-1)  # [B, 3, n]: (left partial, inner, right partial)
-        d_inc = torch.add(d_sums[:, 1:2], dirs[w], out=lay.inc(tangent, w))
-        d_comp = d_sums[:, 0::2].addcmul_(r, d_inc)  # d_sums: (dot C_L, dot inner, dot C_R)
-        lay.comp(tangent, w).copy_(d_comp)
+        d_terms = lay.terms(tangent, w)  # [B, 3, w, n]
+        d_sums = (p * d_terms).sum(2)  # [B, 3, n]: (right partial, inner, left partial)
+        d_inc = torch.add(d_sums[:, 1:2], dirs[w], out=lay.inc(tangent, w))  # [B, 2, n]
+        d_comp = d_sums[:, 0::2].addcmul_(r, d_inc)  # d_sums: (dot C_R, dot inner, dot C_L)
+        lay.comp(tangent, w).copy_(d_comp.unsqueeze(1))
         if keep:
-            sums.append((d_terms, d_sums.unsqueeze(-1)))
+            sums.append((d_terms, d_sums.unsqueeze(2)))
     d_grad = torch.zeros_like(tangent)
     for w in range(lay.size - 1, 0, -1):
         p, r = charts.split_weights(lay, w)
-        g_comp, d_comp, dg_comp = lay.comp(grad, w), lay.comp(tangent, w), lay.comp(d_grad, w)
+        dg_comp = lay.comp(d_grad, w).sum(1)  # [B, 2, n]
+        d_inc = lay.inc(tangent, w)
         if keep:
             d_terms, d_parent = sums.pop()
             g_parent = parents[lay.size - 1 - w]  # type: ignore[index]
+            g_comp = g_parent[:, 0::2, 0]
+            d_comp = d_parent[:, 0::2, 0]
         else:
-            d_terms = lay.first(tangent, w) + lay.second(tangent, w)
-            d_inner = (p[:, 1] * d_terms[:, 1]).sum(-1).unsqueeze(1)  # [B, 1, n]
-            d_parent = _groups(d_comp, d_inner).unsqueeze(-1)
-            g_parent = _groups(g_comp, lay.inc(grad, w).sum(1, keepdim=True)).unsqueeze(-1)
+            d_comp = lay.comp(tangent, w)[:, 0]
+            d_terms = lay.terms(tangent, w)
+            d_inner = (p[:, 1] * d_terms[:, 1]).sum(1).unsqueeze(1)  # [B, 1, n]
+            d_parent = _groups(d_comp, d_inner).unsqueeze(2)
+            g_comp = lay.comp(grad, w).sum(1)
+            g_parent = _groups(g_comp, lay.inc(grad, w).sum(1, keepdim=True)).unsqueeze(2)
         # the complete spans' I(s, w) term: dot g(I) += r ((dot I - dot C) g(C) + dot g(C))
-        direct = (lay.inc(tangent, w) - d_comp).mul_(g_comp).add_(dg_comp).mul_(r)
+        direct = (d_inc - d_comp).mul_(g_comp).add_(dg_comp).mul_(r)
         dg_inc = lay.inc(d_grad, w).add_(direct)
-        dg_parent = _groups(dg_comp, dg_inc.sum(1, keepdim=True)).unsqueeze(-1)
-        # ((dot terms - dot P) g(P) + dot g(P)) p = (dot terms g(P) + shift) p   [B, 3, n, w]
-        shift = dg_parent - d_parent * g_parent  # [B, 3, n, 1]
+        dg_parent = _groups(dg_comp, dg_inc.sum(1, keepdim=True)).unsqueeze(2)
+        # ((dot terms - dot P) g(P) + dot g(P)) p = (dot terms g(P) + shift) p   [B, 3, w, n]
+        shift = dg_parent - d_parent * g_parent  # [B, 3, 1, n]
         t = torch.addcmul(shift, d_terms, g_parent).mul_(p)
         lay.first(d_grad, w).add_(t)
         lay.second(d_grad, w).add_(t)
@@ -356,16 +380,16 @@ def _eisner_backtrack(
     """The best tree's arc indicators [B, N, N] times ``seed`` [B], from the best split points
     of :func:`_eisner_charts` (the outside pass of the max semiring, widths down)."""
     batch = seed.shape[0]
-    grad = seed.new_zeros(batch, 4, size, size)
-    grad[:, 2, 0].scatter_(1, last.unsqueeze(-1), seed.unsqueeze(-1))
+    grad = seed.new_zeros(batch, 6, size, size)
+    _outside_seed(grad, last, seed)
     lay = _Layout(grad)
     for w in range(size - 1, 0, -1):
         index, direct = splits[w - 1]  # [B, 3, n], [B, 2, n]
-        g_comp = lay.comp(grad, w)
+        g_comp = lay.comp(grad, w).sum(1)
         g_inc = lay.inc(grad, w).add_(g_comp * direct)
-        g = _groups(g_comp * ~direct, g_inc.sum(1, keepdim=True)).unsqueeze(-1)  # [B, 3, n, 1]
-        lay.first(grad, w).scatter_add_(-1, index.unsqueeze(-1), g)
-        lay.second(grad, w).scatter_add_(-1, index.unsqueeze(-1), g)
+        g = _groups(g_comp * ~direct, g_inc.sum(1, keepdim=True)).unsqueeze(2)  # [B, 3, 1, n]
+        lay.first(grad, w).scatter_add_(2, index.unsqueeze(2), g)
+        lay.second(grad, w).scatter_add_(2, index.unsqueeze(2), g)
     return _arc_grads(grad)
 
 
@@ -382,7 +406,7 @@ class _EisnerMax(torch.autograd.Function):
         ctx.splits = splits
         ctx.save_for_backward(last)
         ctx.size = arc_scores.shape[-1]
-        return charts.chart[:, 2, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
+        return charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
 
     @staticmethod
     @once_differentiable
@@ -414,7 +438,7 @@ class _EisnerLogPartition(torch.autograd.Function):
         ctx.save_for_backward(arc_scores)
         ctx.charts = charts
         ctx.lengths = lengths
-        return charts.chart[:, 2, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)  # [B]
+        return charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)  # [B]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
