@@ -160,25 +160,24 @@ def _weighted_adjoint(weights: Tensor, inverse: Tensor, multiroot: bool) -> Tens
     return weights * coef
 
 
-def _adjoint_coefficients(padded: Tensor, multiroot: bool) -> Tensor:
-    r""":math:`\Phi^*(Z)`, shape [B, N, n] in the dtype of ``padded`` [B, N, n], which holds
-    :math:`Z = Y^T` in rows 1.. and zeros in row 0 (not differentiable). With
-    :math:`Y = \Phi(W)^{-1}` this is the gradient of :math:`\log\det\Phi(W)` with respect to
-    W, so the marginals are :math:`W \odot \Phi^*(Y^T)` (see :func:`_weighted_adjoint`):
-    multi-root, row 0 (root arcs) :math:`Z_{mm}` and row h :math:`Z_{mm} - Z_{hm}`, one
-    broadcast subtraction of the padded transpose (contiguous reads)."""
-    diag = padded[:, 1:].diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
-    coef = diag - padded  # [B, N, n]
-    if not multiroot:
-        coef[:, 0] = padded[:, 1]  # root arcs: Y_m1
+def _adjoint_coefficients(inverse: Tensor, multiroot: bool) -> Tensor:
+    r""":math:`\Phi^*(Y^T)`, shape [B, N, n] in the dtype of ``inverse`` Y [B, n, n] (not
+    differentiable): with :math:`Y = \Phi(W)^{-1}` the gradient of :math:`\log\det\Phi(W)`
+    with respect to W, so the marginals are :math:`W \odot \Phi^*(Y^T)` (see
+    :func:`_weighted_adjoint`). Multi-root: row 0 (root arcs) :math:`Y_{mm}`, row h
+    :math:`Y_{mm} - Y_{mh}`. One allocation (large temporaries are costly to first-touch)."""
+    batch, words, _ = inverse.shape
+    trans = inverse.transpose(1, 2)  # [B, n, n]
+    diag = inverse.diagonal(dim1=1, dim2=2).unsqueeze(1)  # [B, 1, n]
+    coef = inverse.new_empty(batch, words + 1, words)  # [B, N, n]
+    torch.sub(diag, trans, out=coef[:, 1:])  # arcs between words: Y_mm - Y_mh
+    if multiroot:
+        coef[:, 0] = diag[:, 0]  # root arcs: Y_mm
+    else:
+        coef[:, 0] = trans[:, 0]  # root arcs: Y_m1
         coef[:, 1] = diag[:, 0]  # arcs from word 1 (the replaced row): no Y_mh term
         coef[:, 2:, 0] -= diag[:, :, 0]  # arcs into word 1: no Y_11 term
     return coef
-
-
-def _pad_row(x: Tensor) -> Tensor:
-    """[B, n, n] -> [B, n + 1, n] with a zero row 0."""
-    return torch.nn.functional.pad(x, (0, 0, 1, 0))
 
 
 class _KnownInverse(torch.autograd.Function):
@@ -204,11 +203,11 @@ def _padding(real: Tensor | None) -> Tensor | None:
 
 
 def _marginals_rebuilt(
-    scores: Tensor, padded: Tensor, real: Tensor | None, keep: Tensor | None, multiroot: bool
+    scores: Tensor, inverse: Tensor, real: Tensor | None, keep: Tensor | None, multiroot: bool
 ) -> tuple[Tensor, Tensor]:
     """(weights [B, N, n], inverse [B, n, n]) as differentiable functions of ``scores`` (the
-    inverse through :class:`_KnownInverse`, from its known transpose in ``padded``), both
-    float64: the third-order path, where a hand-written backward is itself differentiated."""
+    inverse through :class:`_KnownInverse`, from its known value), both float64: the
+    third-order path, where a hand-written backward is itself differentiated."""
     batch, size, _ = scores.shape
     arcs = _arc_mask(length_mask(None, batch, size, scores.device) if real is None else real)
     masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
@@ -217,12 +216,12 @@ def _marginals_rebuilt(
     if keep is not None:
         live = live * keep[:, None, None]
     lap = _laplacian(live, _padding(real), multiroot)
-    return live, _KnownInverse.apply(lap, padded[:, 1:].to(torch.float64).transpose(1, 2))
+    return live, _KnownInverse.apply(lap, inverse.to(torch.float64))
 
 
 class _TreeMarginals(torch.autograd.Function):
-    """Marginals [B, N, N] (input dtype) from the weights and padded transposed inverse
-    Laplacian of :func:`_lu_path`; backward by the closed form above (two batched matmuls).
+    """Marginals [B, N, N] (input dtype) from the weights and inverse Laplacian of
+    :func:`_lu_path`; backward by the closed form above (two batched matmuls).
     When that backward is itself differentiated (third order), it is rebuilt from
     differentiable ops on the scores, with the known inverse."""
 
@@ -231,38 +230,38 @@ class _TreeMarginals(torch.autograd.Function):
         ctx: Any,
         scores: Tensor,
         weights: Tensor,
-        padded: Tensor,
+        inverse: Tensor,
         real: Tensor | None,
         keep: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
         out = scores.new_zeros(scores.shape)  # [B, N, N]
-        coef = _adjoint_coefficients(padded, multiroot).to(weights.dtype)  # [B, N, n]
+        coef = _adjoint_coefficients(inverse, multiroot).to(weights.dtype)  # [B, N, n]
         torch.mul(weights, coef, out=out[:, :, 1:])
-        ctx.save_for_backward(scores, weights, padded, real, keep, out)
+        ctx.save_for_backward(scores, weights, inverse, real, keep, out)
         ctx.multiroot = multiroot
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, padded, real, keep, marginals = ctx.saved_tensors
+        scores, weights, inverse, real, keep, marginals = ctx.saved_tensors
         multiroot = ctx.multiroot
         none = (None, None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
-            live, inverse = _marginals_rebuilt(scores, padded, real, keep, multiroot)
+            live, inverse = _marginals_rebuilt(scores, inverse, real, keep, multiroot)
             lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
             adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
             adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
             return grad * marginals - adj, *none
         # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T), in the weights'
-        # dtype (float32 matmuls for float32 scores); (Y A Y)^T = Y^T A^T Y^T
+        # dtype (float32 matmuls for float32 scores)
         scaled = grad[:, :, 1:] * weights  # [B, N, n]
         lap = scaled[:, 1:].neg()  # [B, n, n] A, in place
         lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
         if not multiroot:
             lap[:, 0] = scaled[:, 0]
-        trans = padded[:, 1:].to(weights.dtype)
-        coef = _adjoint_coefficients(_pad_row(trans @ lap.transpose(1, 2) @ trans), multiroot)
+        inverse = inverse.to(weights.dtype)
+        coef = _adjoint_coefficients(torch.bmm(torch.bmm(inverse, lap), inverse), multiroot)
         out = grad * marginals
         out[:, :, 1:] -= coef.mul_(weights)
         return out, *none
@@ -274,9 +273,8 @@ def _lu_path(
     r"""The LU of the column-rescaled Laplacian (not differentiable): (log Z [B] in the input
     dtype, or None if ``logdet`` is False; weights W [B, N, n] = ``exp(s - shift)`` for the
     arcs into the words in the input dtype (at least float32; 0 at self loops and padding);
-    the transposed inverse :math:`L^{-T}` [B, n, n] float64 in rows 1.. of a [B, N, n] buffer
-    with a zero row 0 (see :func:`_adjoint_coefficients`); ``keep`` [B] bool, or None when
-    every item is kept).
+    the inverse :math:`L^{-1}` [B, n, n] float64; ``keep`` [B] bool, or None when every item
+    is kept).
 
     Column m of L holds only weights of arcs into m, so subtracting its best score
     :math:`c_m` rescales det L by :math:`e^{-c_m}` exactly and leaves every weight in [0, 1]
@@ -303,22 +301,20 @@ def _lu_path(
         lap[:, 0] = weights[:, 0]  # first row := rho
     factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
     eye = torch.eye(size - 1, dtype=lap.dtype, device=lap.device)
-    # L^{-T} (its rows are the columns of the inverse, which the marginals read), padded
-    padded = weights.new_zeros(weights.shape, dtype=torch.float64)  # [B, N, n]
-    torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap), adjoint=True, out=padded[:, 1:])
+    inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
     # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
     norm = incoming if multiroot else weights.sum(1)  # [B, n]
-    keep = padded.abs().sum(2).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
+    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
     logz = None
     if logdet:
         logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
     if bool(keep.all()):
-        return None if logz is None else logz.to(scores.dtype), weights, padded, None
-    padded = torch.where(keep[:, None, None], padded, _pad_row(eye.expand_as(lap)))
+        return None if logz is None else logz.to(scores.dtype), weights, inverse, None
+    inverse = torch.where(keep[:, None, None], inverse, eye)
     weights.mul_(keep[:, None, None])
     if logz is not None:
         logz = logz.masked_fill(~keep, 0.0).to(scores.dtype)
-    return logz, weights, padded, keep
+    return logz, weights, inverse, keep
 
 
 class _LogPartition(torch.autograd.Function):
@@ -333,23 +329,23 @@ class _LogPartition(torch.autograd.Function):
         scores: Tensor,
         logdet: Tensor,
         weights: Tensor,
-        padded: Tensor,
+        inverse: Tensor,
         real: Tensor | None,
         keep: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
-        ctx.save_for_backward(scores, weights, padded, real, keep)
+        ctx.save_for_backward(scores, weights, inverse, real, keep)
         ctx.multiroot = multiroot
         return logdet.view_as(logdet)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, padded, real, keep = ctx.saved_tensors
+        scores, weights, inverse, real, keep = ctx.saved_tensors
         none = (None, None, None, None, None, None)
         if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
-            marginals = _TreeMarginals.apply(scores, weights, padded, real, keep, ctx.multiroot)
+            marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
             return grad[:, None, None] * marginals, *none
-        coef = _adjoint_coefficients(padded, ctx.multiroot).mul_(grad[:, None, None])
+        coef = _adjoint_coefficients(inverse, ctx.multiroot).mul_(grad[:, None, None])
         out = scores.new_zeros(scores.shape)  # [B, N, N]
         torch.mul(weights, coef.to(weights.dtype), out=out[:, :, 1:])
         return out, *none
@@ -414,10 +410,10 @@ def matrix_tree_log_partition(
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
     with torch.no_grad():
-        logz, weights, padded, keep = _lu_path(arc_scores.detach(), real, multiroot, max_cond)
+        logz, weights, inverse, keep = _lu_path(arc_scores.detach(), real, multiroot, max_cond)
     assert logz is not None
     if arc_scores.requires_grad and torch.is_grad_enabled():
-        logz = _LogPartition.apply(arc_scores, logz, weights, padded, real, keep, multiroot)
+        logz = _LogPartition.apply(arc_scores, logz, weights, inverse, real, keep, multiroot)
     if keep is not None:
         index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
         sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
@@ -446,9 +442,9 @@ def matrix_tree_marginals(
     differentiable = create_graph and arc_scores.requires_grad
     scores = arc_scores if differentiable else arc_scores.detach()
     with torch.no_grad():
-        _, weights, padded, keep = _lu_path(scores.detach(), real, multiroot, max_cond, False)
+        _, weights, inverse, keep = _lu_path(scores.detach(), real, multiroot, max_cond, False)
     with torch.set_grad_enabled(differentiable):
-        marginals = _TreeMarginals.apply(scores, weights, padded, real, keep, multiroot)
+        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
     if keep is None:
         return marginals
     index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
