@@ -486,6 +486,26 @@ def test_argmax_beats_samples_and_single_head_changes(multiroot: bool) -> None:
     assert (around.log_prob(moves) <= best + 1e-9).all()
 
 
+@MULTIROOT
+def test_argmax_of_a_batch_is_that_of_each_item_alone(multiroot: bool) -> None:
+    # items finish their contraction rounds at different times and leave the working batch
+    gen = torch.Generator().manual_seed(16)
+    batch, size = 12, 30
+    scores = torch.randn(batch, size, size, generator=gen) * 3
+    scores[3] = chain_kept(scores[3], 0.3, gen)  # -inf arcs
+    scores[5, :, 7] = NEG_INF  # word 7 has no head: no tree
+    lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+    lengths[0] = lengths[5] = size
+    heads = nonprojective.chu_liu_edmonds(scores, lengths, multiroot)
+    for b in range(batch):
+        alone = nonprojective.chu_liu_edmonds(scores[b : b + 1], lengths[b : b + 1], multiroot)
+        assert torch.equal(heads[b : b + 1], alone), b
+    assert (heads[5] == -1).all()
+    has_tree = heads[:, 1] >= 0
+    assert has_tree.sum() == batch - 1
+    assert is_tree(heads[has_tree], lengths[has_tree], multiroot).all()
+
+
 # ---- API ----------------------------------------------------------------------------------------
 def test_validation_errors() -> None:
     good = torch.randn(2, 4, 4)

@@ -504,14 +504,18 @@ def _group_max(
     batch, size, _ = rank.shape
     shape = (batch, size, 1) if dim == 1 else (batch, 1, size)
     index = group.view(shape).expand_as(rank)  # [B, N, N] group of each row (or column)
-    top = torch.full_like(rank, _NONE).scatter_reduce(dim, index, rank, "amax")
-    score = score.masked_fill(rank != top.gather(dim, index), _NEG_INF)
-    best = torch.full_like(score, _NEG_INF).scatter_reduce(dim, index, score, "amax")
-    hit = (score == best.gather(dim, index)) & (rank == top.gather(dim, index))
+    top = torch.full_like(rank, _NONE).scatter_reduce_(dim, index, rank, "amax")
+    at_top = rank == top.gather(dim, index)
+    score = score.masked_fill(~at_top, _NEG_INF)
+    best = torch.full_like(score, _NEG_INF).scatter_reduce_(dim, index, score, "amax")
+    hit = (score == best.gather(dim, index)).logical_and_(at_top)
     view = (1, size, 1) if dim == 1 else (1, 1, size)
-    pos = torch.arange(size, device=rank.device).view(view).expand_as(rank)  # [B, N, N]
-    arg = torch.full_like(pos, size).scatter_reduce(dim, index, pos.masked_fill(~hit, size), "amin")
-    return top, best.masked_fill(torch.isneginf(best), 0.0), arg.clamp(max=size - 1)
+    pos = torch.arange(size, device=rank.device).view(view)  # [1, N, 1] or [1, 1, N]
+    # the smallest hit member (size - 1 for ids that are no group: any valid index)
+    arg = torch.full_like(rank, size - 1).scatter_reduce_(
+        dim, index, torch.where(hit, pos, size - 1), "amin"
+    )
+    return top, best.masked_fill_(torch.isneginf(best), 0.0), arg
 
 
 def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
@@ -521,7 +525,8 @@ def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
 
     Each round takes the best incoming arc of every super-node and contracts all cycles of all
     items at once (an arc h -> m entering a cycle is reweighted w[h, m] - w[head[m], m]);
-    every round removes a super-node of every unfinished item, so at most N - 1 rounds. The
+    every round removes a super-node of every unfinished item, so at most N - 1 rounds, and
+    the items without a cycle leave the working batch (one host sync per round). The
     contractions are then undone top-down.
     """
     batch, size, _ = rank.shape
@@ -533,38 +538,56 @@ def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
     alive = real.clone()  # super-nodes still present (ROOT is never a modifier)
     alive[:, 0] = False
     comp = idx.clone()  # [B, N] original node -> its current super-node
-    history: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    items = torch.arange(batch, device=device)  # the working batch's items
+    arc = torch.zeros(batch, size, dtype=torch.long, device=device)  # final arc into each node
+    final_alive = torch.zeros_like(alive)
+    history: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
     for _ in range(size):
         top, best, head = _greedy_heads(rank, score, alive)
         on_cycle, rep = _find_cycles(head)
-        if not bool(on_cycle.any()):
+        cyclic = on_cycle.any(1)  # [A]
+        left = int(cyclic.sum())
+        if left < len(items):  # finished items: record their arcs, drop them
+            done = (~cyclic).nonzero().squeeze(1)
+            arc[items[done]] = orig.gather(1, head.unsqueeze(1)).squeeze(1)[done]
+            final_alive[items[done]] = alive[done]
+            if left == 0:
+                break
+            kept = cyclic.nonzero().squeeze(1)
+            items, rank, score, orig, alive, comp = (
+                t[kept] for t in (items, rank, score, orig, alive, comp)
+            )
+            top, best, head, on_cycle, rep = (t[kept] for t in (top, best, head, on_cycle, rep))
+        if not left:  # an empty batch
             break
-        cycle_arc = orig.gather(1, head.unsqueeze(1)).squeeze(1)  # [B, N] arc head[m] -> m
-        history.append((on_cycle, rep, cycle_arc, comp))
-        group = torch.where(on_cycle, rep, idx)  # [B, N] super-node after contraction
+        loc = idx[: len(items)]
+        cycle_arc = orig.gather(1, head.unsqueeze(1)).squeeze(1)  # [A, N] arc head[m] -> m
+        history.append((items, on_cycle, rep, cycle_arc, comp))
+        group = torch.where(on_cycle, rep, loc)  # [A, N] super-node after contraction
         # an arc h -> m entering a cycle replaces m's cycle arc: w[h, m] - w[head[m], m]
         rank = rank - torch.where(on_cycle, top, 0).unsqueeze(1)
         score = score - torch.where(on_cycle, best, 0.0).unsqueeze(1)
-        rank, score, arg_h = _group_max(rank, score, group, 1)  # [B, G, N] best tail per group
+        rank, score, arg_h = _group_max(rank, score, group, 1)  # [A, G, N] best tail per group
         orig = orig.gather(1, arg_h)
-        rank, score, arg_m = _group_max(rank, score, group, 2)  # [B, G, G] best head per group
+        rank, score, arg_m = _group_max(rank, score, group, 2)  # [A, G, G] best head per group
         orig = orig.gather(2, arg_m)
         rank = rank.masked_fill(eye, _NONE)  # arcs inside a super-node are gone
-        alive = alive & (~on_cycle | (idx == rep))
+        alive = alive & (~on_cycle | (loc == rep))
         comp = group.gather(1, comp)
-    _, _, head = _greedy_heads(rank, score, alive)
-    arc = orig.gather(1, head.unsqueeze(1)).squeeze(1)  # [B, N] original arc into each node
     # entry[s]: the original node where the arc entering super-node s lands
-    entry = torch.where(alive, arc % size, idx)
+    entry = torch.where(final_alive, arc % size, idx)
     heads = torch.full((batch, size + 1), -1, dtype=torch.long, device=device)  # +1: dump slot
-    heads.scatter_(1, torch.where(alive, arc % size, size), arc // size)
-    for on_cycle, rep, cycle_arc, comp_before in reversed(history):
-        group = torch.where(on_cycle, rep, idx)
-        into_group = entry.gather(1, group)  # where the arc into m's cycle lands
+    heads.scatter_(1, torch.where(final_alive, arc % size, size), arc // size)
+    for items, on_cycle, rep, cycle_arc, comp_before in reversed(history):
+        loc = idx[: len(items)]
+        group = torch.where(on_cycle, rep, loc)
+        into_group = entry[items].gather(1, group)  # where the arc into m's cycle lands
         broken = comp_before.gather(1, into_group)  # the member that arc enters
-        keep = on_cycle & (broken != idx)  # the other members keep their cycle arc
-        entry = torch.where(keep, cycle_arc % size, into_group)
-        heads.scatter_(1, torch.where(keep, cycle_arc % size, size), cycle_arc // size)
+        keep = on_cycle & (broken != loc)  # the other members keep their cycle arc
+        entry[items] = torch.where(keep, cycle_arc % size, into_group)
+        rows = heads[items]
+        rows.scatter_(1, torch.where(keep, cycle_arc % size, size), cycle_arc // size)
+        heads[items] = rows
     words = real.clone()
     words[:, 0] = False
     return heads[:, :size].masked_fill(~words, -1)
