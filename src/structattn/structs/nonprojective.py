@@ -180,6 +180,19 @@ def _adjoint_coefficients(inverse: Tensor, multiroot: bool) -> Tensor:
     return coef
 
 
+def _marginals(
+    scores: Tensor, weights: Tensor, inverse: Tensor, multiroot: bool, scale: Tensor | None = None
+) -> Tensor:
+    """Marginals [B, N, N] in the dtype of ``scores`` (0 in column 0), times ``scale`` [B] if
+    given, from the weights [B, N, n] and the inverse Laplacian (not differentiable)."""
+    coef = _adjoint_coefficients(inverse, multiroot)  # [B, N, n]
+    if scale is not None:
+        coef.mul_(scale[:, None, None])
+    out = scores.new_zeros(scores.shape)
+    torch.mul(weights, coef.to(weights.dtype), out=out[:, :, 1:])
+    return out
+
+
 class _KnownInverse(torch.autograd.Function):
     """``matrix -> inverse`` where the inverse is already known (from the LU of the forward
     pass); backward :math:`-Y^T G Y^T` in differentiable ops, so any order works."""
@@ -235,9 +248,7 @@ class _TreeMarginals(torch.autograd.Function):
         keep: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
-        out = scores.new_zeros(scores.shape)  # [B, N, N]
-        coef = _adjoint_coefficients(inverse, multiroot).to(weights.dtype)  # [B, N, n]
-        torch.mul(weights, coef, out=out[:, :, 1:])
+        out = _marginals(scores, weights, inverse, multiroot)
         ctx.save_for_backward(scores, weights, inverse, real, keep, out)
         ctx.multiroot = multiroot
         return out
@@ -345,10 +356,7 @@ class _LogPartition(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
             marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
             return grad[:, None, None] * marginals, *none
-        coef = _adjoint_coefficients(inverse, ctx.multiroot).mul_(grad[:, None, None])
-        out = scores.new_zeros(scores.shape)  # [B, N, N]
-        torch.mul(weights, coef.to(weights.dtype), out=out[:, :, 1:])
-        return out, *none
+        return _marginals(scores, weights, inverse, ctx.multiroot, grad), *none
 
 
 #: largest 1-norm condition number of the rescaled Laplacian for which the LU path is used,
