@@ -405,6 +405,16 @@ def test_item_with_no_valid_structure(case: Case) -> None:
         assert torch.isfinite(g).all()
 
 
+def test_empty_batch(case: Case) -> None:
+    params = tuple(p.requires_grad_() for p in case.draw(0, 5, torch.float64, 1.0))
+    dist = case.build(params, None)
+    assert dist.log_partition.shape == (0,) and dist.entropy.shape == (0,)
+    assert dist.argmax.shape[0] == 0 and dist.sample(2).shape[:2] == (2, 0)
+    loss = dist.log_partition.sum() + sum(m.sum() for m in case.marginals(dist))
+    for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
+        assert g.shape == p.shape
+
+
 # ---- inputs -------------------------------------------------------------------------------
 def test_bad_inputs_raise_value_error_naming_argument() -> None:
     with pytest.raises(ValueError, match="unary"):

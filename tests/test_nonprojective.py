@@ -287,6 +287,37 @@ def test_gradcheck(multiroot: bool) -> None:
     assert gradgradcheck(marginals, (scores,), fast_mode=True)
 
 
+@MULTIROOT
+def test_gradcheck_with_an_item_on_the_fallback(multiroot: bool) -> None:
+    # item 1's scores span ~60 nats per column: ill-conditioned for the LU path in float64,
+    # so it is recomputed by the exact elimination while item 0 stays on the LU path
+    gen = torch.Generator().manual_seed(17)
+    scores = torch.randn(2, 4, 4, dtype=torch.float64, generator=gen)
+    scores[1, 0, 1:] -= 60.0
+    lengths = torch.tensor([4, 4])
+    assert _lu_items(scores, lengths, multiroot).tolist() == [True, False]
+    scores.requires_grad_(True)
+
+    def log_partition(x: Tensor) -> Tensor:
+        return NonProjectiveDependencyCRF(x, lengths, multiroot).log_partition
+
+    def marginals(x: Tensor) -> Tensor:
+        return NonProjectiveDependencyCRF(x, lengths, multiroot).marginals
+
+    assert gradcheck(log_partition, (scores,))
+    assert gradgradcheck(log_partition, (scores,))
+    assert gradcheck(marginals, (scores,))
+    assert gradgradcheck(marginals, (scores,), fast_mode=True)
+
+
+def test_log_partition_can_be_modified_in_place() -> None:
+    scores = torch.randn(2, 5, 5, requires_grad=True)
+    logz = NonProjectiveDependencyCRF(scores).log_partition
+    logz.add_(1.0)  # an output, not a view of an internal tensor
+    logz.sum().backward()
+    assert scores.grad is not None and torch.isfinite(scores.grad).all()
+
+
 # ---- numerical stability ----------------------------------------------------------------------
 @MULTIROOT
 def test_float32_huge_scores(multiroot: bool) -> None:

@@ -59,7 +59,7 @@ def _arcs_by_width(arc_scores: Tensor) -> list[Tensor]:
     index, counts = _width_index(size, arc_scores.device)
     flat = arc_scores.reshape(batch, size * size).index_select(1, index)
     parts = flat.split(counts, 1)
-    return [flat[:, :0]] + [x.view(batch, 2, -1) for x in parts]
+    return [flat[:, :0]] + [x.view(batch, 2, size - w) for w, x in enumerate(parts, 1)]
 
 
 def eisner_inside(
@@ -291,7 +291,7 @@ def _arc_grads(grad_chart: Tensor) -> Tensor:
     own I span)."""
     batch, _, size, _ = grad_chart.shape
     index = _arc_index(size, grad_chart.device)
-    return grad_chart.reshape(batch, -1).index_select(1, index).view(batch, size, size)
+    return grad_chart.reshape(batch, 6 * size * size).index_select(1, index).view(batch, size, size)
 
 
 def _outside_seed(grad: Tensor, last: Tensor, seed: Tensor) -> None:

@@ -59,7 +59,7 @@ the heads of words 1..m-1 (their other incoming arcs set to ``-inf``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -188,7 +188,7 @@ def _marginals(
     coef = _adjoint_coefficients(inverse, multiroot)  # [B, N, n]
     if scale is not None:
         coef.mul_(scale[:, None, None])
-    out = scores.new_zeros(scores.shape)
+    out = scores.new_zeros(scores.shape)  # [B, N, N]
     torch.mul(weights, coef.to(weights.dtype), out=out[:, :, 1:])
     return out
 
@@ -215,7 +215,7 @@ def _padding(real: Tensor | None) -> Tensor | None:
     return None if real is None else (~real[:, 1:]).to(torch.float64)
 
 
-def _marginals_rebuilt(
+def _live_weights_and_inverse(
     scores: Tensor, inverse: Tensor, real: Tensor | None, keep: Tensor | None, multiroot: bool
 ) -> tuple[Tensor, Tensor]:
     """(weights [B, N, n], inverse [B, n, n]) as differentiable functions of ``scores`` (the
@@ -259,7 +259,7 @@ class _TreeMarginals(torch.autograd.Function):
         multiroot = ctx.multiroot
         none = (None, None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
-            live, inverse = _marginals_rebuilt(scores, inverse, real, keep, multiroot)
+            live, inverse = _live_weights_and_inverse(scores, inverse, real, keep, multiroot)
             lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
             adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
             adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
@@ -267,7 +267,7 @@ class _TreeMarginals(torch.autograd.Function):
         # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T), in the weights'
         # dtype (float32 matmuls for float32 scores)
         scaled = grad[:, :, 1:] * weights  # [B, N, n]
-        lap = scaled[:, 1:].neg()  # [B, n, n] A, in place
+        lap = scaled[:, 1:].neg()  # [B, n, n] A: a copy, then completed in place
         lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
         if not multiroot:
             lap[:, 0] = scaled[:, 0]
@@ -278,11 +278,23 @@ class _TreeMarginals(torch.autograd.Function):
         return out, *none
 
 
+@overload
 def _lu_path(
-    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, logdet: bool = True
+    scores: Tensor,
+    real: Tensor | None,
+    multiroot: bool,
+    max_cond: float,
+    need_logz: Literal[True] = ...,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]: ...
+@overload
+def _lu_path(
+    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: Literal[False]
+) -> tuple[None, Tensor, Tensor, Tensor | None]: ...
+def _lu_path(
+    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: bool = True
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor | None]:
     r"""The LU of the column-rescaled Laplacian (not differentiable): (log Z [B] in the input
-    dtype, or None if ``logdet`` is False; weights W [B, N, n] = ``exp(s - shift)`` for the
+    dtype, or None if ``need_logz`` is False; weights W [B, N, n] = ``exp(s - shift)`` for the
     arcs into the words in the input dtype (at least float32; 0 at self loops and padding);
     the inverse :math:`L^{-1}` [B, n, n] float64; ``keep`` [B] bool, or None when every item
     is kept).
@@ -317,7 +329,7 @@ def _lu_path(
     norm = incoming if multiroot else weights.sum(1)  # [B, n]
     keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
     logz = None
-    if logdet:
+    if need_logz:
         logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
     if bool(keep.all()):
         return None if logz is None else logz.to(scores.dtype), weights, inverse, None
@@ -338,7 +350,7 @@ class _LogPartition(torch.autograd.Function):
     def forward(
         ctx: Any,
         scores: Tensor,
-        logdet: Tensor,
+        logz: Tensor,
         weights: Tensor,
         inverse: Tensor,
         real: Tensor | None,
@@ -347,7 +359,7 @@ class _LogPartition(torch.autograd.Function):
     ) -> Tensor:
         ctx.save_for_backward(scores, weights, inverse, real, keep)
         ctx.multiroot = multiroot
-        return logdet.view_as(logdet)
+        return logz.clone()  # not a view: callers may modify it in place
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -419,7 +431,6 @@ def matrix_tree_log_partition(
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
     with torch.no_grad():
         logz, weights, inverse, keep = _lu_path(arc_scores.detach(), real, multiroot, max_cond)
-    assert logz is not None
     if arc_scores.requires_grad and torch.is_grad_enabled():
         logz = _LogPartition.apply(arc_scores, logz, weights, inverse, real, keep, multiroot)
     if keep is not None:
@@ -450,7 +461,9 @@ def matrix_tree_marginals(
     differentiable = create_graph and arc_scores.requires_grad
     scores = arc_scores if differentiable else arc_scores.detach()
     with torch.no_grad():
-        _, weights, inverse, keep = _lu_path(scores.detach(), real, multiroot, max_cond, False)
+        _, weights, inverse, keep = _lu_path(
+            scores.detach(), real, multiroot, max_cond, need_logz=False
+        )
     with torch.set_grad_enabled(differentiable):
         marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
     if keep is None:
@@ -534,7 +547,8 @@ def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
     Each round takes the best incoming arc of every super-node and contracts all cycles of all
     items at once (an arc h -> m entering a cycle is reweighted w[h, m] - w[head[m], m]);
     every round removes a super-node of every unfinished item, so at most N - 1 rounds, and
-    the items without a cycle leave the working batch (one host sync per round). The
+    the items without a cycle leave the working batch (one host sync per round, two in the
+    rounds where items finish). The
     contractions are then undone top-down.
     """
     batch, size, _ = rank.shape
@@ -553,15 +567,15 @@ def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
     for _ in range(size):
         top, best, head = _greedy_heads(rank, score, alive)
         on_cycle, rep = _find_cycles(head)
-        cyclic = on_cycle.any(1)  # [A]
-        left = int(cyclic.sum())
+        cyclic = on_cycle.any(1)  # [A], A = the items still in the working batch
+        kept = cyclic.nonzero().squeeze(1)
+        left = len(kept)
         if left < len(items):  # finished items: record their arcs, drop them
             done = (~cyclic).nonzero().squeeze(1)
             arc[items[done]] = orig.gather(1, head.unsqueeze(1)).squeeze(1)[done]
             final_alive[items[done]] = alive[done]
             if left == 0:
                 break
-            kept = cyclic.nonzero().squeeze(1)
             items, rank, score, orig, alive, comp = (
                 t[kept] for t in (items, rank, score, orig, alive, comp)
             )
@@ -609,7 +623,7 @@ def chu_liu_edmonds(
 
     ``-inf`` arcs and ``multiroot=False`` (exactly one root child) are exact, through
     lexicographic (rank, score) weights. Not differentiable. Time O(B N^2) per round, at most
-    N - 1 rounds (one host sync each).
+    N - 1 rounds (one or two host syncs each).
     """
     with torch.no_grad():
         batch, size, _ = arc_scores.shape
