@@ -359,8 +359,7 @@ def _by_elimination(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> 
     """log Z [B] by the exact log-space elimination alone (the fallback path)."""
     batch, size, _ = scores.shape
     real = nonprojective.length_mask(lengths, batch, size, scores.device)
-    masked = scores.masked_fill(~nonprojective._arc_mask(real), NEG_INF)
-    return nonprojective._eliminate(masked, real, multiroot)
+    return nonprojective._eliminate(scores, real, multiroot)
 
 
 def _lu_items(scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:

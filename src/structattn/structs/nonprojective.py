@@ -326,7 +326,7 @@ def _lu_path(
     eye = torch.eye(size - 1, dtype=lap.dtype, device=lap.device)
     inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
     # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
-    norm = incoming if multiroot else weights.sum(1)  # [B, n]
+    norm = incoming if multiroot else incoming + weights[:, 0]  # [B, n] column sums
     keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
     logz = None
     if need_logz:
@@ -380,7 +380,9 @@ _MAX_COND_DEFAULT = 1e7
 # ---- log-partition: exact log-space elimination (fallback) ---------------------------------
 def _eliminate(scores: Tensor, real: Tensor, multiroot: bool) -> Tensor:
     """log Z [B] by subtraction-free Gaussian elimination in log space (see the module
-    docstring); ``scores`` [B, N, N] already has ``-inf`` at every non-arc."""
+    docstring); ``scores`` [B, N, N], ``real`` [B, N]. Non-arcs (column 0, the diagonal,
+    padding) are set to ``-inf`` here."""
+    scores = scores.masked_fill(~_arc_mask(real), _NEG_INF)
     batch, size, _ = scores.shape
     last = real.sum(-1) - 1  # [B] index of the last word
     if not multiroot:
@@ -409,6 +411,14 @@ def _eliminate(scores: Tensor, real: Tensor, multiroot: bool) -> Tensor:
     return torch.where(torch.isneginf(total), torch.full_like(total, _NEG_INF), total)
 
 
+def _fallback_items(keep: Tensor, lengths: Tensor | None, size: int) -> tuple[Tensor, Tensor]:
+    """(index [K] of the items the LU path did not keep, their real positions [K, N]): the
+    items for the exact elimination."""
+    index = (~keep).nonzero().squeeze(1)
+    sub = length_mask(None if lengths is None else lengths[index], len(index), size, keep.device)
+    return index, sub
+
+
 def matrix_tree_log_partition(
     arc_scores: Tensor, lengths: Tensor | None = None, multiroot: bool = True
 ) -> Tensor:
@@ -434,10 +444,9 @@ def matrix_tree_log_partition(
     if arc_scores.requires_grad and torch.is_grad_enabled():
         logz = _LogPartition.apply(arc_scores, logz, weights, inverse, real, keep, multiroot)
     if keep is not None:
-        index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
-        sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
-        scores = arc_scores.index_select(0, index).masked_fill(~_arc_mask(sub), _NEG_INF)
-        logz = logz.index_copy(0, index, _eliminate(scores, sub, multiroot))
+        index, sub = _fallback_items(keep, lengths, size)
+        exact = _eliminate(arc_scores.index_select(0, index), sub, multiroot)
+        logz = logz.index_copy(0, index, exact)
     return logz
 
 
@@ -468,13 +477,12 @@ def matrix_tree_marginals(
         marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
     if keep is None:
         return marginals
-    index = (~keep).nonzero().squeeze(1)  # [K] items for the exact elimination
-    sub = length_mask(None if lengths is None else lengths[index], len(index), size, device)
+    index, sub = _fallback_items(keep, lengths, size)
     with torch.inference_mode(False), torch.enable_grad():
         picked = scores.index_select(0, index)
         if not differentiable:  # a fresh leaf (a clone first for inference-mode tensors)
             picked = (picked.clone() if picked.is_inference() else picked).requires_grad_(True)
-        logz = _eliminate(picked.masked_fill(~_arc_mask(sub), _NEG_INF), sub, multiroot)
+        logz = _eliminate(picked, sub, multiroot)
         (exact,) = torch.autograd.grad(
             logz.sum(), picked, create_graph=differentiable, materialize_grads=True
         )
