@@ -199,7 +199,8 @@ def predict(
     ``encoded``: ``examples`` already encoded (training validates every epoch)."""
     device = torch.device(device)
     model.eval()
-    encoded = encoded or _Encoded(examples, vocab)
+    if encoded is None:
+        encoded = _Encoded(examples, vocab)
     answers: list[str] = []
     facts: list[list[int]] = []
     total = 0.0

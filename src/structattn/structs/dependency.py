@@ -193,6 +193,12 @@ def _weights(
     return p, r
 
 
+def _open_root(last: Tensor, multiroot: bool, w: int) -> Tensor | None:
+    """[B] (single root only, else None): the items whose ROOT span of width ``w`` is not the
+    whole sentence; it must stay open (one child of ROOT, closed only at the end)."""
+    return None if multiroot else last != w
+
+
 # The split weights of width w, kept from the inside pass for the outside pass and the
 # Hessian-vector product when their total size is below this many elements (the small,
 # overhead-bound problems), else recomputed (memory stays O(B N^2)).
@@ -208,7 +214,7 @@ class _Charts(NamedTuple):
     weights: list[tuple[Tensor, Tensor]] | None  # per width 1..N-1, if kept
 
     def open_root(self, w: int) -> Tensor | None:
-        return None if self.multiroot else self.last != w
+        return _open_root(self.last, self.multiroot, w)
 
     def split_weights(self, lay: _Layout, w: int) -> tuple[Tensor, Tensor]:
         if self.weights is not None:
@@ -242,7 +248,7 @@ def _eisner_charts(
     for w in range(1, size):
         n = size - w
         terms = lay.terms(chart, w)  # [B, 3, w, n]
-        open_root = None if multiroot else last != w
+        open_root = _open_root(last, multiroot, w)
         if splits is None and weights is not None:
             # log-sum-exp and the weights from one exp of the terms: with the max m over the
             # split, e = exp(terms - m), sums = m + log sum e, and later P = e exp(m - C)
