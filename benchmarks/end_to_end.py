@@ -10,8 +10,8 @@ the median over repeats of structured / simple measured within a repeat:
 * **tree transduction** — SGD training steps (forward, backward, clipping, update) of the
   paper's model (``TreeTransductionConfig`` defaults: l = 50, batch 20) with structured
   (dependency-CRF) vs simple (softmax) self-attention, on real batches of the generated data
-  (depth 2-4 training formulas): every timed call runs the same first 40 batches of an
-  epoch (source lengths 10-130 as in training), and the times printed are per step.
+  (depth 2-4 training formulas): every timed call runs the same first 40 batches of the
+  first epoch (source lengths 11-66), and the times printed are per step.
 * **decoder step** — a teacher-forced LSTM decoder (hidden 256, 20 target steps, 32
   sentences, 30 source positions, 1,000-word output layer) attending with
   ``SegmentationAttention`` vs ``SoftmaxAttention`` at every step: forward and backward of
@@ -87,8 +87,8 @@ def tree_transduction(repeats: int, warmup: int, quick: bool) -> dict[str, float
     return result
 
 
-#: training batches per timed call in :func:`tree_transduction` (source lengths 10-130,
-#: as the epoch's)
+#: training batches per timed call in :func:`tree_transduction` (the first 40 of the first
+#: epoch: source lengths 11-66)
 _STEPS = 40
 
 

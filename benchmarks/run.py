@@ -303,7 +303,7 @@ def _failed_ops(errors: dict[str, float], size: int) -> frozenset[str]:
     """The ops a peer is not timed on after its check failed: a wrong second-order gradient
     rules out ``marg_fb`` only, a wrong MAP ``argmax`` only, a wrong log Z or marginals
     everything."""
-    bad = {k for k, v in errors.items() if not (math.isfinite(v) and v <= tolerance(k, size))}
+    bad = _failed_checks(errors, size)
     if bad <= {"grad", "grad_shared"}:
         return frozenset({"marg_fb"})
     if bad == {"argmax"}:
@@ -311,8 +311,13 @@ def _failed_ops(errors: dict[str, float], size: int) -> frozenset[str]:
     return frozenset({"logz_fb", "marg", "marg_fb", "argmax"})
 
 
+def _failed_checks(errors: dict[str, float], size: int) -> set[str]:
+    """The error keys that are not finite or above their tolerance at N = ``size``."""
+    return {k for k, v in errors.items() if not (math.isfinite(v) and v <= tolerance(k, size))}
+
+
 def _ok(errors: dict[str, float], size: int) -> bool:
-    return all(math.isfinite(v) and v <= tolerance(k, size) for k, v in errors.items())
+    return not _failed_checks(errors, size)
 
 
 def _fail_line(check: Check, size: int) -> str:
