@@ -304,11 +304,15 @@ def test_gradcheck_with_an_item_on_the_fallback(multiroot: bool) -> None:
 
 
 def test_log_partition_can_be_modified_in_place() -> None:
-    scores = torch.randn(2, 5, 5, requires_grad=True)
-    logz = NonProjectiveDependencyCRF(scores).log_partition
+    scores = torch.randn(2, 5, 5, dtype=torch.float64, requires_grad=True)
+    dist = NonProjectiveDependencyCRF(scores)
+    logz = dist.log_partition
+    expected = logz.detach() + 1.0
     logz.add_(1.0)  # an output, not a view of an internal tensor
+    torch.testing.assert_close(logz.detach(), expected)
     logz.sum().backward()
-    assert scores.grad is not None and torch.isfinite(scores.grad).all()
+    assert scores.grad is not None
+    torch.testing.assert_close(scores.grad, dist.marginals.detach())  # d log Z = marginals
 
 
 # ---- numerical stability ----------------------------------------------------------------------
