@@ -135,9 +135,7 @@ class LinearChainCRF(StructuredDistribution):
         # forward-backward by hand; differentiable (a loss on it back-propagates by a
         # hand-written Hessian-vector product) exactly when the potentials require grad
         unary = self._masked(self.unary)
-        node, edge = chain_marginals(unary, self.pairwise, self.lengths, edges=True)
-        assert edge is not None
-        return node, edge
+        return chain_marginals(unary, self.pairwise, self.lengths, edges=True)
 
     @cached_property
     def _node_marginals(self) -> Tensor:

@@ -10,7 +10,7 @@ and :func:`chain_marginals` also take one [C, C] matrix shared by every step), `
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -623,6 +623,26 @@ def chain_log_partition(
     return _ChainLogPartition.apply(unary, pairwise, lengths, method)
 
 
+@overload
+def chain_marginals(
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    edges: Literal[True],
+    method: str = ...,
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def chain_marginals(
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    edges: Literal[False] = ...,
+    method: str = ...,
+) -> tuple[Tensor, None]: ...
+@overload
+def chain_marginals(
+    unary: Tensor, pairwise: Tensor, lengths: Tensor | None, edges: bool, method: str = ...
+) -> tuple[Tensor, Tensor | None]: ...
 def chain_marginals(
     unary: Tensor,
     pairwise: Tensor,
