@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -281,6 +282,12 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``structattn`` command."""
     args = _build_parser().parse_args(argv)
+    log = logging.getLogger("structattn")
+    if not log.handlers:  # one-off notices (e.g. compiling the C++ kernels) go to stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     if args.threads is not None:
         if args.threads < 1:
             print("structattn: error: --threads must be >= 1", file=sys.stderr)

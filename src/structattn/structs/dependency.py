@@ -30,6 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._extension import eisner_kernels
 
 __all__ = [
     "eisner_inside",
@@ -433,25 +434,38 @@ class _EisnerLogPartition(torch.autograd.Function):
     """log Z over projective trees (forward: inside pass on an in-place chart, no autograd
     graph; backward: the outside pass by hand, the marginals times the incoming gradient).
     When the backward is itself differentiated (``create_graph``), the marginals come from
-    :class:`_EisnerMarginals`, whose backward is a hand-written Hessian-vector product."""
+    :class:`_EisnerMarginals`, whose backward is a hand-written Hessian-vector product. On
+    CPU the three passes run in the C++ kernels of :mod:`._extension` when they are built
+    (the same algorithm; ``ctx.charts`` is then their state), else in the code above."""
 
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         batch, size, _ = arc_scores.shape
         small = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS and ctx.needs_input_grad[0]
-        charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
+        kernels = eisner_kernels(arc_scores)
+        if kernels is not None:
+            ctx.charts = kernels.inside(arc_scores.detach(), last, multiroot, small)
+            logz = kernels.log_partition(ctx.charts)
+        else:
+            ctx.charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
+            logz = ctx.charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
         ctx.save_for_backward(arc_scores)
-        ctx.charts = charts
+        ctx.kernels = kernels
         ctx.lengths = lengths
-        return charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)  # [B]
+        ctx.multiroot = multiroot
+        return logz  # [B]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         (arc_scores,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # differentiated again: one node with its own backward
-            marginals = _EisnerMarginals.apply(arc_scores, grad, ctx.charts, ctx.lengths)
+            marginals = _EisnerMarginals.apply(
+                arc_scores, grad, ctx.charts, ctx.lengths, ctx.multiroot, ctx.kernels
+            )
             return marginals, None, None
+        if ctx.kernels is not None:
+            return ctx.kernels.outside(ctx.charts, grad, False), None, None
         return _arc_grads(_eisner_outside(ctx.charts, grad)), None, None
 
 
@@ -463,33 +477,48 @@ class _EisnerMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, arc_scores: Tensor, seed: Tensor, charts: _Charts, lengths: Tensor | None
+        ctx: Any,
+        arc_scores: Tensor,
+        seed: Tensor,
+        charts: Any,
+        lengths: Tensor | None,
+        multiroot: bool,
+        kernels: Any,
     ) -> Tensor:
-        parents: list[Tensor] | None = None if charts.weights is None else []
-        grad = _eisner_outside(charts, torch.ones_like(seed), parents)
-        marginals = _arc_grads(grad)  # [B, N, N]
-        ctx.save_for_backward(arc_scores, seed, marginals, grad)
+        parents: list[Tensor] | None = None
+        if kernels is not None:  # the kernels keep the outside chart in their state
+            marginals = kernels.outside(charts, torch.ones_like(seed), True)
+            outside = marginals.new_empty(0)
+        else:
+            parents = None if charts.weights is None else []
+            outside = _eisner_outside(charts, torch.ones_like(seed), parents)
+            marginals = _arc_grads(outside)  # [B, N, N]
+        ctx.save_for_backward(arc_scores, seed, marginals, outside)
         ctx.charts = charts
         ctx.parents = parents
         ctx.lengths = lengths
+        ctx.multiroot = multiroot
+        ctx.kernels = kernels
         return marginals * seed.view(-1, 1, 1)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         arc_scores, seed, marginals, outside = ctx.saved_tensors
-        charts: _Charts = ctx.charts
         if ctx.needs_input_grad[0] and torch.is_grad_enabled():
             # third order and beyond: autograd through the inside pass
-            logz = eisner_inside(arc_scores, ctx.lengths, charts.multiroot, LogSemiring)
+            logz = eisner_inside(arc_scores, ctx.lengths, ctx.multiroot, LogSemiring)
             (unit,) = torch.autograd.grad(logz.sum(), arc_scores, create_graph=True)
             scaled = grad * seed.view(-1, 1, 1)
             (hvp,) = torch.autograd.grad(unit, arc_scores, scaled, create_graph=True)
-            return hvp, (grad * unit).flatten(1).sum(-1), None, None
+            return hvp, (grad * unit).flatten(1).sum(-1), None, None, None, None
         g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
         if not ctx.needs_input_grad[0]:
-            return None, g_seed, None, None
-        hvp = _eisner_hvp(charts, outside, ctx.parents, grad)
-        return hvp * seed.view(-1, 1, 1), g_seed, None, None
+            return None, g_seed, None, None, None, None
+        if ctx.kernels is not None:
+            hvp = ctx.kernels.hvp(ctx.charts, grad)
+        else:
+            hvp = _eisner_hvp(ctx.charts, outside, ctx.parents, grad)
+        return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None
 
 
 def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:

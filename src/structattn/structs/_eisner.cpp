@@ -1,0 +1,315 @@
+// Eisner's inside pass, outside pass and Hessian-vector product for projective dependency
+// trees (log semiring), the same algorithm and chart layout as the PyTorch code in
+// dependency.py (read the comments there), written against ATen so that
+//   * the ~90 small tensor operations per span width pay no Python overhead, and
+//   * the batch is split into one chunk per thread, each chunk running all span widths on
+//     its own (the per-width tensors are too small for ATen's intra-op threads).
+// Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Strided views of one chart [B, 6, N, N] for the spans of width w (see _Layout in
+// dependency.py). All charts of a chunk are fresh contiguous tensors (storage offset 0).
+struct Layout {
+  int64_t batch, size, b, d, r;
+
+  explicit Layout(const Tensor& chart)
+      : batch(chart.size(0)),
+        size(chart.size(3)),
+        b(chart.stride(0)),
+        d(chart.stride(1)),
+        r(chart.stride(2)) {}
+
+  Tensor first(const Tensor& x, int64_t w) const {
+    return x.as_strided({batch, 3, w, size - w}, {b, d, r, 1}, 0);
+  }
+  Tensor second(const Tensor& x, int64_t w) const {
+    return x.as_strided({batch, 3, w, size - w}, {b, d, r, 1}, 3 * d + (size - w) * r + w);
+  }
+  Tensor inc(const Tensor& x, int64_t w) const {
+    const int64_t n = size - w;
+    return x.as_strided({batch, 2, n}, {b, 5 * d + (n - w + 1) * r + w, 1}, (w - 1) * r);
+  }
+  Tensor comp(const Tensor& x, int64_t w) const {
+    const int64_t n = size - w;
+    return x.as_strided({batch, 2, 2, n}, {b, 2 * d + (n - 1 - w) * r + w, d, 1}, d + w * r);
+  }
+  // first + second, [B, 3, w, n], stored split-major ([w, B, 3, n] in memory)
+  Tensor terms(const Tensor& x, int64_t w) const {
+    Tensor out = at::empty({w, batch, 3, size - w}, x.options()).permute({1, 2, 0, 3});
+    return at::add_out(out, first(x, w), second(x, w));
+  }
+};
+
+// [B, 2, n]: (arc s -> s+w, arc s+w -> s) of a contiguous [B, N, N] tensor
+Tensor arcs_of_width(const Tensor& arcs, int64_t w) {
+  const int64_t size = arcs.size(1), n = size - w;
+  return arcs.as_strided({arcs.size(0), 2, n}, {size * size, w * size - w, size + 1},
+                         arcs.storage_offset() + w);
+}
+
+// [B, 3, n] in the group order (right, inner, left) from [B, 2, n] and [B, 1, n]
+Tensor groups(const Tensor& comp, const Tensor& inner) {
+  return at::cat({comp.narrow(1, 0, 1), inner, comp.narrow(1, 1, 1)}, 1);
+}
+
+Tensor even_groups(const Tensor& x) { return x.slice(1, 0, 3, 2); }  // groups 0 and 2
+
+double lowest(const Tensor& x) {
+  return x.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+                                        : std::numeric_limits<float>::lowest();
+}
+
+// Split weights (P [B, 3, w, n], r [B, 2, n]) from e = exp(terms - top) (or the terms when
+// top is undefined), overwritten; see _weights in dependency.py.
+std::pair<Tensor, Tensor> split_weights_from(Tensor e, const Tensor& top, const Tensor& sums,
+                                             const Tensor& inc, const Tensor& open_root) {
+  Tensor norms = sums.clamp_min(lowest(sums));
+  Tensor p = top.defined() ? e.mul_((top - norms.unsqueeze(2)).exp_())
+                           : e.sub_(norms.unsqueeze(2)).exp_();
+  Tensor r = (inc - even_groups(norms)).exp_();
+  if (open_root.defined()) {
+    p.select(1, 0).select(2, 0).masked_fill_(open_root.unsqueeze(-1), 0.0);
+    r.select(1, 0).select(1, 0).masked_fill_(open_root, 0.0);
+  }
+  return {p, r};
+}
+
+// One chunk of the batch: its inside charts, split weights and outside pass.
+struct Chunk {
+  Tensor chart;  // [B, 6, N, N]
+  Tensor inner;  // [B, N, N] (empty when the weights are kept)
+  Tensor last;   // [B]
+  bool multiroot = true;
+  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1, if kept
+  Tensor grad;                                     // outside chart, kept for the HVP
+  std::vector<Tensor> parents;                     // widths N-1 .. 1, if weights are kept
+
+  Tensor open_root(int64_t w) const { return multiroot ? Tensor() : last.ne(w); }
+
+  std::pair<Tensor, Tensor> split_weights(const Layout& lay, int64_t w) const {
+    if (!weights.empty()) return weights[w - 1];
+    const int64_t n = lay.size - w;
+    Tensor terms = lay.terms(chart, w);
+    terms.select(1, 0).select(1, w - 1).fill_(kNegInf);  // the I(s, w) slots
+    terms.select(1, 2).select(1, 0).fill_(kNegInf);
+    Tensor sums = groups(lay.comp(chart, w).select(1, 0),
+                         inner.select(1, w).narrow(1, 0, n).unsqueeze(1));
+    return split_weights_from(terms, Tensor(), sums, lay.inc(chart, w), open_root(w));
+  }
+};
+
+void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
+  const int64_t batch = arcs.size(0), size = arcs.size(1);
+  c.chart = at::full({batch, 6, size, size}, kNegInf, arcs.options());
+  c.chart.narrow(1, 1, 2).select(2, 0).fill_(0.0);  // complete spans of width 0
+  c.chart.narrow(1, 3, 2).select(2, size - 1).fill_(0.0);
+  c.inner = keep_weights ? at::empty({0}, arcs.options())
+                         : at::full({batch, size, size}, kNegInf, arcs.options());
+  const Layout lay(c.chart);
+  const double floor = lowest(arcs);
+  for (int64_t w = 1; w < size; ++w) {
+    const int64_t n = size - w;
+    Tensor terms = lay.terms(c.chart, w);
+    Tensor open_root = c.open_root(w);
+    Tensor inc = lay.inc(c.chart, w);
+    Tensor comp;
+    if (keep_weights) {
+      Tensor top = terms.amax({2}, true).clamp_min_(floor);
+      Tensor e = terms.sub_(top).exp_();
+      Tensor sums = e.sum({2}).log_().add_(top.squeeze(2));
+      at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
+      comp = even_groups(sums);
+      at::logaddexp_out(comp, comp, inc);
+      c.weights.push_back(split_weights_from(e, top, sums, inc, open_root));
+    } else {
+      Tensor sums = at::logsumexp(terms, {2});
+      at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
+      comp = at::logaddexp(even_groups(sums), inc);
+      c.inner.select(1, w).narrow(1, 0, n).copy_(sums.select(1, 1));
+    }
+    if (open_root.defined()) comp.select(1, 0).select(1, 0).masked_fill_(open_root, kNegInf);
+    lay.comp(c.chart, w).copy_(comp.unsqueeze(1));
+  }
+}
+
+// [B, N, N] arc gradients from a gradient chart (see _arc_index in dependency.py)
+Tensor arc_grads(const Tensor& grad) {
+  const int64_t batch = grad.size(0), size = grad.size(3), plane = size * size;
+  Tensor pos = at::arange(size, grad.options().dtype(at::kLong));
+  Tensor h = pos.unsqueeze(1), m = pos.unsqueeze(0);
+  Tensor left = 5 * plane + (size - (h - m)) * size + h;
+  Tensor right = (m - h - 1) * size + h;
+  Tensor unused = at::full_like(left, plane - 1);
+  Tensor index = at::where(h > m, left, at::where(h < m, right, unused)).flatten();
+  return grad.reshape({batch, 6 * plane}).index_select(1, index).view({batch, size, size});
+}
+
+Tensor outside(Chunk& c, const Tensor& seed, bool keep) {
+  Tensor grad = at::zeros_like(c.chart);
+  grad.select(1, 1).select(2, 0).scatter_(1, c.last.unsqueeze(-1), seed.unsqueeze(-1));
+  const Layout lay(grad);
+  const bool keep_parents = keep && !c.weights.empty();
+  for (int64_t w = lay.size - 1; w > 0; --w) {
+    auto [p, r] = c.split_weights(lay, w);
+    Tensor g_comp = lay.comp(grad, w).sum(1);
+    Tensor g_inc = lay.inc(grad, w).addcmul_(r, g_comp);
+    Tensor g_parent = groups(g_comp, g_inc.sum(1, true)).unsqueeze(2);
+    if (keep_parents) c.parents.push_back(g_parent);
+    lay.first(grad, w).addcmul_(p, g_parent);
+    lay.second(grad, w).addcmul_(p, g_parent);
+  }
+  if (keep) c.grad = grad;
+  return arc_grads(grad);
+}
+
+Tensor hvp(const Chunk& c, const Tensor& direction) {
+  Tensor tangent = at::zeros_like(c.chart);
+  const Layout lay(tangent);
+  const bool keep = !c.weights.empty() && !c.parents.empty();
+  std::vector<std::pair<Tensor, Tensor>> sums;  // per width (dot terms, dot sums [B, 3, 1, n])
+  for (int64_t w = 1; w < lay.size; ++w) {
+    auto [p, r] = c.split_weights(lay, w);
+    Tensor d_terms = lay.terms(tangent, w);
+    Tensor d_sums = (p * d_terms).sum(2);
+    Tensor d_inc = lay.inc(tangent, w);
+    at::add_out(d_inc, d_sums.narrow(1, 1, 1), arcs_of_width(direction, w));
+    Tensor d_comp = even_groups(d_sums).addcmul_(r, d_inc);
+    lay.comp(tangent, w).copy_(d_comp.unsqueeze(1));
+    if (keep) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
+  }
+  Tensor d_grad = at::zeros_like(tangent);
+  for (int64_t w = lay.size - 1; w > 0; --w) {
+    auto [p, r] = c.split_weights(lay, w);
+    Tensor dg_comp = lay.comp(d_grad, w).sum(1);
+    Tensor d_inc = lay.inc(tangent, w);
+    Tensor d_terms, d_parent, d_comp, g_parent, g_comp;
+    if (keep) {
+      std::tie(d_terms, d_parent) = sums.back();
+      sums.pop_back();
+      g_parent = c.parents[lay.size - 1 - w];
+      g_comp = even_groups(g_parent).select(2, 0);
+      d_comp = even_groups(d_parent).select(2, 0);
+    } else {
+      d_comp = lay.comp(tangent, w).select(1, 0);
+      d_terms = lay.terms(tangent, w);
+      Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
+      d_parent = groups(d_comp, d_inner).unsqueeze(2);
+      g_comp = lay.comp(c.grad, w).sum(1);
+      g_parent = groups(g_comp, lay.inc(c.grad, w).sum(1, true)).unsqueeze(2);
+    }
+    Tensor direct = (d_inc - d_comp).mul_(g_comp).add_(dg_comp).mul_(r);
+    Tensor dg_inc = lay.inc(d_grad, w).add_(direct);
+    Tensor dg_parent = groups(dg_comp, dg_inc.sum(1, true)).unsqueeze(2);
+    Tensor shift = dg_parent - d_parent * g_parent;
+    Tensor t = at::addcmul(shift, d_terms, g_parent).mul_(p);
+    lay.first(d_grad, w).add_(t);
+    lay.second(d_grad, w).add_(t);
+  }
+  return arc_grads(d_grad);
+}
+
+}  // namespace
+
+// The state of one batch between the inside pass, the outside pass and the HVP.
+struct EisnerState {
+  std::vector<Chunk> chunks;
+  std::vector<int64_t> starts;  // first batch index of each chunk
+};
+
+namespace {
+
+// Runs fn(chunk index) for every chunk, one chunk per thread, without grad recording.
+template <typename F>
+void for_chunks(int64_t count, const F& fn) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+Tensor cat_chunks(const std::vector<Tensor>& parts) {
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+}  // namespace
+
+std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
+                                           bool multiroot, bool keep_weights) {
+  TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
+              "arc_scores must be [B, N, N]");
+  const int64_t batch = arc_scores.size(0);
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t count = std::max<int64_t>(1, std::min(threads, batch));
+  auto state = std::make_shared<EisnerState>();
+  state->chunks.resize(count);
+  const Tensor arcs = arc_scores.contiguous();
+  for (int64_t i = 0; i < count; ++i) {
+    state->starts.push_back(batch * i / count);
+    state->chunks[i].multiroot = multiroot;
+  }
+  state->starts.push_back(batch);
+  for_chunks(count, [&](int64_t i) {
+    const int64_t start = state->starts[i], length = state->starts[i + 1] - start;
+    Chunk& c = state->chunks[i];
+    c.last = last.narrow(0, start, length);
+    inside(c, arcs.narrow(0, start, length), keep_weights);
+  });
+  return state;
+}
+
+Tensor eisner_log_partition(const EisnerState& state) {
+  std::vector<Tensor> parts;
+  for (const Chunk& c : state.chunks)
+    parts.push_back(c.chart.select(1, 1).select(2, 0).gather(1, c.last.unsqueeze(-1)).squeeze(-1));
+  return cat_chunks(parts);
+}
+
+Tensor eisner_outside(EisnerState& state, const Tensor& seed, bool keep) {
+  const int64_t count = static_cast<int64_t>(state.chunks.size());
+  std::vector<Tensor> parts(count);
+  for_chunks(count, [&](int64_t i) {
+    const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
+    parts[i] = outside(state.chunks[i], seed.narrow(0, start, length), keep);
+  });
+  return cat_chunks(parts);
+}
+
+Tensor eisner_hvp(const EisnerState& state, const Tensor& direction) {
+  const int64_t count = static_cast<int64_t>(state.chunks.size());
+  for (const Chunk& c : state.chunks)
+    TORCH_CHECK(c.grad.defined(), "eisner_hvp needs eisner_outside(..., keep=True) first");
+  const Tensor dirs = direction.contiguous();
+  std::vector<Tensor> parts(count);
+  for_chunks(count, [&](int64_t i) {
+    const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
+    parts[i] = hvp(state.chunks[i], dirs.narrow(0, start, length));
+  });
+  return cat_chunks(parts);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
+  m.def("inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
+        pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("log_partition", &eisner_log_partition, "log Z [B] from the state");
+  m.def("outside", &eisner_outside, "seed[b] * marginals [B, N, N]", pybind11::arg("state"),
+        pybind11::arg("seed"), pybind11::arg("keep"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("hvp", &eisner_hvp, "Hessian of log Z times direction [B, N, N]",
+        pybind11::arg("state"), pybind11::arg("direction"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+}

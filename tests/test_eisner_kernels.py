@@ -1,0 +1,145 @@
+"""The C++ Eisner kernels (structs/_eisner.cpp) against the PyTorch code they port, and how
+they are built, required, turned off and replaced when they cannot be built."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch import Tensor
+
+from structattn import DependencyCRF
+from structattn.structs import _extension, dependency
+from structattn.structs._extension import eisner_kernels, kernels_disabled
+
+
+def _kernels_or_skip() -> None:
+    if eisner_kernels(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("the C++ Eisner kernels are not built on this machine")
+
+
+def _passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, ...]:
+    """log Z, the marginals, a Hessian-vector product and the plain log Z gradient."""
+    x = scores.clone().requires_grad_(True)
+    logz = dependency.eisner_log_partition(x, lengths, multiroot)
+    (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+    direction = torch.randn(scores.shape, generator=torch.Generator().manual_seed(4))
+    (hvp,) = torch.autograd.grad((marginals * direction.to(scores.dtype)).sum(), x)
+    x2 = scores.clone().requires_grad_(True)
+    seed = torch.linspace(-1.0, 2.0, scores.shape[0], dtype=scores.dtype)
+    (plain,) = torch.autograd.grad(
+        dependency.eisner_log_partition(x2, lengths, multiroot), x2, seed
+    )
+    return logz.detach(), marginals.detach(), hvp, plain
+
+
+def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
+    scores[:, :, 0] = float("-inf")
+    if batch > 1:  # forbidden arcs that still leave trees
+        scores[1] = scores[1].masked_fill(torch.rand(size, size, generator=gen) < 0.2, -torch.inf)
+        scores[1, 0, 1:] = 0.0
+        scores[1, 1:, 1:].diagonal().fill_(0.0)
+        scores[1, torch.arange(1, size - 1), torch.arange(2, size)] = 0.0
+    lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+    lengths[0] = size
+    return scores, lengths
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
+)
+def test_kernels_equal_the_pytorch_code(
+    multiroot: bool, cache: bool, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """log Z, marginals, Hessian-vector product and log Z's gradient agree (lengths, -inf
+    arcs, one- and two-position items; split weights kept or recomputed), with the batch in
+    one chunk and in two (two threads)."""
+    _kernels_or_skip()
+    if not cache:
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+    for batch, size in [(1, 2), (3, 6), (7, 12)]:
+        scores, lengths = _scores(batch, size, dtype, seed=batch)
+        with kernels_disabled():
+            reference = _passes(scores, lengths, multiroot)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = _passes(scores, lengths, multiroot)
+            for a, b in zip(got, reference, strict=True):
+                assert torch.isfinite(a).all()
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_kernels_no_tree_gives_minus_inf_and_finite_gradients() -> None:
+    """An item without any tree has log Z = -inf, and its gradients stay finite (zero)."""
+    _kernels_or_skip()
+    scores, lengths = _scores(3, 6, torch.float64, seed=9)
+    scores[2, :, 3] = float("-inf")  # word 3 has no head
+    logz, marginals, hvp, plain = _passes(scores, lengths.fill_(6), True)
+    assert torch.isneginf(logz[2]) and torch.isfinite(logz[:2]).all()
+    for grad in (marginals, hvp, plain):
+        assert torch.isfinite(grad).all() and grad[2].abs().sum() == 0
+
+
+def test_kernels_serve_dependency_crf_and_its_empty_batch() -> None:
+    """The distribution goes through the kernels on CPU, an empty batch included."""
+    _kernels_or_skip()
+    arcs = torch.randn(4, 7, 7, requires_grad=True)
+    marginals = DependencyCRF(arcs, torch.tensor([7, 3, 5, 2])).marginals
+    with kernels_disabled():
+        reference = DependencyCRF(arcs, torch.tensor([7, 3, 5, 2])).marginals
+    torch.testing.assert_close(marginals, reference, rtol=1e-5, atol=1e-6)
+    empty = DependencyCRF(torch.randn(0, 5, 5, requires_grad=True)).marginals
+    assert empty.shape == (0, 5, 5)
+
+
+def test_kernels_only_serve_cpu_float() -> None:
+    """Half precision (and, by the same test, other devices) stays on the PyTorch code."""
+    assert eisner_kernels(torch.zeros(1, 2, 2, dtype=torch.bfloat16)) is None
+    assert eisner_kernels(torch.zeros(1, 2, 2, dtype=torch.float16)) is None
+    with kernels_disabled():
+        assert eisner_kernels(torch.zeros(1, 2, 2)) is None
+
+
+def test_kernels_are_built_where_required() -> None:
+    """With STRUCTATTN_EXTENSION=require (the test target sets it) the kernels must build:
+    CI tests them, not only the fallback."""
+    if os.environ.get("STRUCTATTN_EXTENSION", "").lower() != "require":
+        pytest.skip("STRUCTATTN_EXTENSION=require is not set")
+    assert eisner_kernels(torch.zeros(1, 2, 2)) is not None
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler (simulated): one warning, the PyTorch code runs; required: an error;
+    turned off: silent."""
+    import torch.utils.cpp_extension as cpp
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError("no compiler here")
+
+    monkeypatch.setattr(cpp, "load", fail)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    scores = torch.randn(2, 4, 4)
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        assert eisner_kernels(scores) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert eisner_kernels(scores) is None  # decided once, no second warning
+        assert torch.isfinite(DependencyCRF(scores).marginals).all()
+
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "require")
+    with pytest.raises(RuntimeError, match="cannot build the C\\+\\+ Eisner kernels"):
+        eisner_kernels(scores)
+
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert eisner_kernels(scores) is None
