@@ -26,12 +26,12 @@ def _seed_and_one_thread() -> Iterator[None]:
 @pytest.fixture(params=["kernels", "pytorch"])
 def eisner_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test with Eisner's passes in the C++ kernels, then in the PyTorch code."""
-    from structattn.structs._extension import eisner_kernels, kernels_disabled
+    from structattn.structs._extension import kernels, kernels_disabled
 
     if request.param == "pytorch":
         with kernels_disabled():
             yield "pytorch"
         return
-    if eisner_kernels(torch.zeros(1, 2, 2)) is None:
-        pytest.skip("the C++ Eisner kernels are not built on this machine")
+    if kernels(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("the C++ kernels are not built on this machine")
     yield "kernels"

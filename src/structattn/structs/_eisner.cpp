@@ -5,15 +5,14 @@
 //   * the batch is split into one chunk per thread, each chunk running all span widths on
 //     its own (the per-width tensors are too small for ATen's intra-op threads).
 // Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
-
 #include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "_kernels.h"
+
+namespace structattn {
 namespace {
 
 using at::Tensor;
@@ -226,41 +225,19 @@ Tensor hvp(const Chunk& c, const Tensor& direction) {
 // The state of one batch between the inside pass, the outside pass and the HVP.
 struct EisnerState {
   std::vector<Chunk> chunks;
-  std::vector<int64_t> starts;  // first batch index of each chunk
+  std::vector<int64_t> starts;  // chunk i is the batch items starts[i] .. starts[i + 1]
 };
-
-namespace {
-
-// Runs fn(chunk index) for every chunk, one chunk per thread, without grad recording.
-template <typename F>
-void for_chunks(int64_t count, const F& fn) {
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    at::NoGradGuard no_grad;
-    for (int64_t i = begin; i < end; ++i) fn(i);
-  });
-}
-
-Tensor cat_chunks(const std::vector<Tensor>& parts) {
-  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-}
-
-}  // namespace
 
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
                                            bool multiroot, bool keep_weights) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
-  const int64_t batch = arc_scores.size(0);
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t count = std::max<int64_t>(1, std::min(threads, batch));
   auto state = std::make_shared<EisnerState>();
+  state->starts = chunk_starts(arc_scores.size(0));
+  const int64_t count = static_cast<int64_t>(state->starts.size()) - 1;
   state->chunks.resize(count);
+  for (Chunk& c : state->chunks) c.multiroot = multiroot;
   const Tensor arcs = arc_scores.contiguous();
-  for (int64_t i = 0; i < count; ++i) {
-    state->starts.push_back(batch * i / count);
-    state->chunks[i].multiroot = multiroot;
-  }
-  state->starts.push_back(batch);
   for_chunks(count, [&](int64_t i) {
     const int64_t start = state->starts[i], length = state->starts[i + 1] - start;
     Chunk& c = state->chunks[i];
@@ -300,16 +277,18 @@ Tensor eisner_hvp(const EisnerState& state, const Tensor& direction) {
   return cat_chunks(parts);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
-  m.def("inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
+  m.def("eisner_inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
         pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("log_partition", &eisner_log_partition, "log Z [B] from the state");
-  m.def("outside", &eisner_outside, "seed[b] * marginals [B, N, N]", pybind11::arg("state"),
+  m.def("eisner_log_partition", &eisner_log_partition, "log Z [B] from the state");
+  m.def("eisner_outside", &eisner_outside, "seed[b] * marginals [B, N, N]", pybind11::arg("state"),
         pybind11::arg("seed"), pybind11::arg("keep"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("hvp", &eisner_hvp, "Hessian of log Z times direction [B, N, N]",
+  m.def("eisner_hvp", &eisner_hvp, "Hessian of log Z times direction [B, N, N]",
         pybind11::arg("state"), pybind11::arg("direction"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
+
+}  // namespace structattn

@@ -1,8 +1,11 @@
-"""The optional C++ kernels of Eisner's algorithm (``_eisner.cpp``), built on first use.
+"""The optional C++ kernels (``_kernels.cpp``), built on first use: Eisner's inside and
+outside passes and Hessian-vector product (``_eisner.cpp``) and the LU path of the
+matrix-tree theorem (``_matrix_tree.cpp``).
 
-The PyTorch code in :mod:`structattn.structs.dependency` is the reference; the C++ port runs
-the same passes without Python overhead and with the batch split over the CPU threads, about
-2x faster on CPU. It is compiled once by :func:`torch.utils.cpp_extension.load` (needs a C++
+The PyTorch code in :mod:`structattn.structs.dependency` and
+:mod:`structattn.structs.nonprojective` is the reference; the C++ ports run the same
+operations without Python overhead and with the batch split over the CPU threads (about 2x
+faster Eisner on CPU). It is compiled once by :func:`torch.utils.cpp_extension.load` (needs a C++
 compiler and ``ninja``: ``pip install ninja``; cached under ``TORCH_EXTENSIONS_DIR``, by
 default ``~/.cache/torch_extensions``). Without them structattn warns once and uses the
 PyTorch code. ``STRUCTATTN_EXTENSION=0`` turns the kernels off; ``STRUCTATTN_EXTENSION=require``
@@ -23,10 +26,12 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-__all__ = ["eisner_kernels", "kernels_disabled"]
+__all__ = ["kernels", "kernels_disabled"]
 
 _log = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("_eisner.cpp")
+_SOURCES = [
+    Path(__file__).with_name(f"_{name}.cpp") for name in ("kernels", "eisner", "matrix_tree")
+]
 _state: dict[str, ModuleType | None] = {}
 _disabled = False
 
@@ -41,13 +46,13 @@ def _build() -> ModuleType | None:
         start = time.perf_counter()
         # a cached build loads in well under a second; say so only when it compiles
         notice = threading.Timer(
-            1.0, _log.info, ("structattn: compiling the C++ Eisner kernels (once, ~30 s) ...",)
+            1.0, _log.info, ("structattn: compiling the C++ kernels (once, ~30 s) ...",)
         )
         notice.start()
         try:
             module = load(
-                name="structattn_eisner",
-                sources=[str(_SOURCE)],
+                name="structattn_kernels",
+                sources=[str(path) for path in _SOURCES],
                 extra_cflags=["-O2", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
             )
@@ -55,15 +60,15 @@ def _build() -> ModuleType | None:
             notice.cancel()
         seconds = time.perf_counter() - start
         if seconds > 1.0:
-            _log.info("structattn: C++ Eisner kernels ready (%.0f s)", seconds)
+            _log.info("structattn: C++ kernels ready (%.0f s)", seconds)
         return module
     except Exception as err:  # no compiler, no ninja, unsupported platform, ...
         if mode == "require":
-            raise RuntimeError(f"structattn: cannot build the C++ Eisner kernels: {err}") from err
+            raise RuntimeError(f"structattn: cannot build the C++ kernels: {err}") from err
         warnings.warn(
-            "structattn: the C++ Eisner kernels could not be built "
-            f"({type(err).__name__}: {str(err).strip()[:300]}); using the PyTorch "
-            "implementation (about 2x slower on CPU). Install a C++ compiler and "
+            "structattn: the C++ kernels could not be built "
+            f"({type(err).__name__}: ...{str(err).strip()[-400:]}); using the PyTorch "
+            "implementation (projective trees about 2x slower on CPU). Install a C++ compiler and "
             "`pip install ninja`, or set STRUCTATTN_EXTENSION=0 to silence this.",
             RuntimeWarning,
             stacklevel=3,
@@ -71,23 +76,23 @@ def _build() -> ModuleType | None:
         return None
 
 
-def eisner_kernels(arc_scores: Tensor) -> ModuleType | None:
-    """The compiled kernels if they apply to ``arc_scores`` (CPU, float32 or float64) and
-    can be built, else None (use the PyTorch code)."""
+def kernels(scores: Tensor) -> ModuleType | None:
+    """The compiled kernels if they apply to ``scores`` (CPU, float32 or float64) and can be
+    built, else None (use the PyTorch code)."""
     if (
         _disabled
-        or arc_scores.device.type != "cpu"
-        or arc_scores.dtype not in (torch.float32, torch.float64)
+        or scores.device.type != "cpu"
+        or scores.dtype not in (torch.float32, torch.float64)
     ):
         return None
-    if "eisner" not in _state:
-        _state["eisner"] = _build()
-    return _state["eisner"]
+    if "module" not in _state:
+        _state["module"] = _build()
+    return _state["module"]
 
 
 @contextlib.contextmanager
 def kernels_disabled() -> Iterator[None]:
-    """Within this block, Eisner runs the PyTorch code (for tests and comparisons)."""
+    """Within this block, the PyTorch code runs instead of the kernels (tests, comparisons)."""
     global _disabled
     before, _disabled = _disabled, True
     try:

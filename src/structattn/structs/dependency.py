@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
-from ._extension import eisner_kernels
+from ._extension import kernels as compiled_kernels
 
 __all__ = [
     "eisner_inside",
@@ -443,10 +443,10 @@ class _EisnerLogPartition(torch.autograd.Function):
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         batch, size, _ = arc_scores.shape
         small = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS and ctx.needs_input_grad[0]
-        kernels = eisner_kernels(arc_scores)
+        kernels = compiled_kernels(arc_scores)
         if kernels is not None:
-            ctx.charts = kernels.inside(arc_scores.detach(), last, multiroot, small)
-            logz = kernels.log_partition(ctx.charts)
+            ctx.charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, small)
+            logz = kernels.eisner_log_partition(ctx.charts)
         else:
             ctx.charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
             logz = ctx.charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
@@ -465,7 +465,7 @@ class _EisnerLogPartition(torch.autograd.Function):
             )
             return marginals, None, None
         if ctx.kernels is not None:
-            return ctx.kernels.outside(ctx.charts, grad, False), None, None
+            return ctx.kernels.eisner_outside(ctx.charts, grad, False), None, None
         return _arc_grads(_eisner_outside(ctx.charts, grad)), None, None
 
 
@@ -487,7 +487,7 @@ class _EisnerMarginals(torch.autograd.Function):
     ) -> Tensor:
         parents: list[Tensor] | None = None
         if kernels is not None:  # the kernels keep the outside chart in their state
-            marginals = kernels.outside(charts, torch.ones_like(seed), True)
+            marginals = kernels.eisner_outside(charts, torch.ones_like(seed), True)
             outside = marginals.new_empty(0)
         else:
             parents = None if charts.weights is None else []
@@ -515,7 +515,7 @@ class _EisnerMarginals(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, g_seed, None, None, None, None
         if ctx.kernels is not None:
-            hvp = ctx.kernels.hvp(ctx.charts, grad)
+            hvp = ctx.kernels.eisner_hvp(ctx.charts, grad)
         else:
             hvp = _eisner_hvp(ctx.charts, outside, ctx.parents, grad)
         return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None

@@ -66,6 +66,7 @@ from torch import Tensor
 
 from .._validation import length_mask
 from ..semirings import logsumexp
+from ._extension import kernels as compiled_kernels
 
 __all__ = [
     "chu_liu_edmonds",
@@ -185,6 +186,9 @@ def _marginals(
 ) -> Tensor:
     """Marginals [B, N, N] in the dtype of ``scores`` (0 in column 0), times ``scale`` [B] if
     given, from the weights [B, N, n] and the inverse Laplacian (not differentiable)."""
+    kernels = compiled_kernels(scores)
+    if kernels is not None:  # the same operations in C++, the batch split over the threads
+        return kernels.matrix_tree_marginals(scores, weights, inverse, multiroot, scale)
     coef = _adjoint_coefficients(inverse, multiroot)  # [B, N, n]
     if scale is not None:
         coef.mul_(scale[:, None, None])
@@ -266,6 +270,12 @@ class _TreeMarginals(torch.autograd.Function):
             return grad * marginals - adj, *none
         # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T), in the weights'
         # dtype (float32 matmuls for float32 scores)
+        kernels = compiled_kernels(grad)
+        if kernels is not None:  # the same operations in C++, the batch split over the threads
+            out = kernels.matrix_tree_marginals_backward(
+                grad, weights, inverse, marginals, multiroot
+            )
+            return out, *none
         scaled = grad[:, :, 1:] * weights  # [B, N, n]
         lap = scaled[:, 1:].neg()  # [B, n, n] A: a copy, then completed in place
         lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
@@ -276,6 +286,37 @@ class _TreeMarginals(torch.autograd.Function):
         out = grad * marginals
         out[:, :, 1:] -= coef.mul_(weights)
         return out, *none
+
+
+def _lu_operations(
+    scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: bool
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
+    """The operations of :func:`_lu_path` before the items are sorted out (ported to C++ in
+    ``_matrix_tree.cpp``): (log Z or None, weights, inverse, keep), every item as computed."""
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    weights = scores[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
+    weights.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: weights[:, m, m - 1]
+    if real is not None:
+        weights.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
+    shift = weights.amax(1, keepdim=True).nan_to_num_(neginf=0.0)  # [B, 1, n]
+    weights.sub_(shift).exp_()
+    lap = weights[:, 1:].to(torch.float64, copy=True).neg_()  # [B, n, n]
+    incoming = (weights if multiroot else weights[:, 1:]).sum(1, dtype=torch.float64)  # [B, n]
+    if real is not None:
+        incoming += ~real[:, 1:]  # padding words: rows and columns of the identity
+    lap.diagonal(dim1=1, dim2=2).add_(incoming)
+    if not multiroot:
+        lap[:, 0] = weights[:, 0]  # first row := rho
+    factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
+    eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
+    inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
+    # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
+    norm = incoming if multiroot else incoming + weights[:, 0]  # [B, n] column sums
+    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
+    logz = None
+    if need_logz:
+        logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
+    return logz, weights, inverse, keep
 
 
 @overload
@@ -307,32 +348,17 @@ def _lu_path(
     weights and the identity as inverse (zero marginals and gradients), for the caller to
     replace. When the condition number is small the determinant is accurate, hence positive
     like Z: no sign check is needed."""
-    batch, size, _ = scores.shape
-    dtype = torch.promote_types(scores.dtype, torch.float32)
-    weights = scores[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
-    weights.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: weights[:, m, m - 1]
-    if real is not None:
-        weights.masked_fill_(~(real.unsqueeze(-1) & real[:, None, 1:]), _NEG_INF)
-    shift = weights.amax(1, keepdim=True).nan_to_num_(neginf=0.0)  # [B, 1, n]
-    weights.sub_(shift).exp_()
-    lap = weights[:, 1:].to(torch.float64, copy=True).neg_()  # [B, n, n]
-    incoming = (weights if multiroot else weights[:, 1:]).sum(1, dtype=torch.float64)  # [B, n]
-    if real is not None:
-        incoming += ~real[:, 1:]  # padding words: rows and columns of the identity
-    lap.diagonal(dim1=1, dim2=2).add_(incoming)
-    if not multiroot:
-        lap[:, 0] = weights[:, 0]  # first row := rho
-    factor, pivots, _ = torch.linalg.lu_factor_ex(lap)
-    eye = torch.eye(size - 1, dtype=lap.dtype, device=lap.device)
-    inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
-    # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
-    norm = incoming if multiroot else incoming + weights[:, 0]  # [B, n] column sums
-    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
-    logz = None
-    if need_logz:
-        logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
+    kernels = compiled_kernels(scores)
+    if kernels is not None:  # the same operations in C++, the batch split over the threads
+        logz, weights, inverse, keep = kernels.matrix_tree_lu(
+            scores, real, multiroot, max_cond, need_logz
+        )
+        logz = logz if need_logz else None
+    else:
+        logz, weights, inverse, keep = _lu_operations(scores, real, multiroot, max_cond, need_logz)
     if bool(keep.all()):
         return None if logz is None else logz.to(scores.dtype), weights, inverse, None
+    eye = torch.eye(inverse.shape[-1], dtype=inverse.dtype, device=inverse.device)
     inverse = torch.where(keep[:, None, None], inverse, eye)
     weights.mul_(keep[:, None, None])
     if logz is not None:

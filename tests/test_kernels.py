@@ -1,5 +1,5 @@
-"""The C++ Eisner kernels (structs/_eisner.cpp) against the PyTorch code they port, and how
-they are built, required, turned off and replaced when they cannot be built."""
+"""The C++ kernels (structs/_eisner.cpp, _matrix_tree.cpp) against the PyTorch code they port,
+and how they are built, required, turned off and replaced when they cannot be built."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from torch import Tensor
 
 from structattn import DependencyCRF
 from structattn.structs import _extension, dependency
-from structattn.structs._extension import eisner_kernels, kernels_disabled
+from structattn.structs._extension import kernels, kernels_disabled
 
 
 def _kernels_or_skip() -> None:
-    if eisner_kernels(torch.zeros(1, 2, 2)) is None:
-        pytest.skip("the C++ Eisner kernels are not built on this machine")
+    if kernels(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("the C++ kernels are not built on this machine")
 
 
 def _passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, ...]:
@@ -100,10 +100,10 @@ def test_kernels_serve_dependency_crf_and_its_empty_batch() -> None:
 
 def test_kernels_only_serve_cpu_float() -> None:
     """Half precision (and, by the same test, other devices) stays on the PyTorch code."""
-    assert eisner_kernels(torch.zeros(1, 2, 2, dtype=torch.bfloat16)) is None
-    assert eisner_kernels(torch.zeros(1, 2, 2, dtype=torch.float16)) is None
+    assert kernels(torch.zeros(1, 2, 2, dtype=torch.bfloat16)) is None
+    assert kernels(torch.zeros(1, 2, 2, dtype=torch.float16)) is None
     with kernels_disabled():
-        assert eisner_kernels(torch.zeros(1, 2, 2)) is None
+        assert kernels(torch.zeros(1, 2, 2)) is None
 
 
 def test_kernels_are_built_where_required() -> None:
@@ -111,7 +111,7 @@ def test_kernels_are_built_where_required() -> None:
     CI tests them, not only the fallback."""
     if os.environ.get("STRUCTATTN_EXTENSION", "").lower() != "require":
         pytest.skip("STRUCTATTN_EXTENSION=require is not set")
-    assert eisner_kernels(torch.zeros(1, 2, 2)) is not None
+    assert kernels(torch.zeros(1, 2, 2)) is not None
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,19 +127,54 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
     scores = torch.randn(2, 4, 4)
     with pytest.warns(RuntimeWarning, match="no compiler here"):
-        assert eisner_kernels(scores) is None
+        assert kernels(scores) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert eisner_kernels(scores) is None  # decided once, no second warning
+        assert kernels(scores) is None  # decided once, no second warning
         assert torch.isfinite(DependencyCRF(scores).marginals).all()
 
     monkeypatch.setattr(_extension, "_state", {})
     monkeypatch.setenv("STRUCTATTN_EXTENSION", "require")
-    with pytest.raises(RuntimeError, match="cannot build the C\\+\\+ Eisner kernels"):
-        eisner_kernels(scores)
+    with pytest.raises(RuntimeError, match="cannot build the C\\+\\+ kernels"):
+        kernels(scores)
 
     monkeypatch.setattr(_extension, "_state", {})
     monkeypatch.setenv("STRUCTATTN_EXTENSION", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert eisner_kernels(scores) is None
+        assert kernels(scores) is None
+
+
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
+)
+def test_matrix_tree_kernels_equal_the_pytorch_code(
+    multiroot: bool, dtype: torch.dtype, tol: float
+) -> None:
+    """Non-projective log Z, marginals and the backward of a loss on the marginals agree
+    (lengths, -inf arcs, an item without a tree on the exact fallback), with one and two
+    chunks."""
+    _kernels_or_skip()
+    from structattn import NonProjectiveDependencyCRF
+
+    def passes(scores: Tensor, lengths: Tensor) -> tuple[Tensor, ...]:
+        x = scores.clone().requires_grad_(True)
+        dist = NonProjectiveDependencyCRF(x, lengths, multiroot=multiroot)
+        logz, marginals = dist.log_partition, dist.marginals
+        weights = torch.randn(scores.shape, generator=torch.Generator().manual_seed(2))
+        (grad,) = torch.autograd.grad((marginals * weights.to(dtype)).sum() + logz.sum(), x)
+        return logz.detach(), marginals.detach(), grad
+
+    for batch, size in [(1, 2), (3, 6), (7, 12)]:
+        scores, lengths = _scores(batch, size, dtype, seed=batch + 10)
+        if batch > 2:
+            scores[2, :, 3] = float("-inf")  # word 3 has no head: no tree
+            lengths[2] = size
+        with kernels_disabled():
+            reference = passes(scores, lengths)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = passes(scores, lengths)
+            for a, b in zip(got, reference, strict=True):
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol, equal_nan=True)

@@ -1,0 +1,41 @@
+// Shared by the C++ kernels of structattn (built on first use by _extension.py): running a
+// function over the batch in one chunk per thread. Per-chunk work is a sequence of small
+// tensor operations (too small for ATen's intra-op threads, and in the LAPACK case a
+// sequential loop over the batch), so independent chunks are what uses the cores.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace structattn {
+
+// Chunk boundaries of a batch: starts[i] .. starts[i + 1], one chunk per thread.
+inline std::vector<int64_t> chunk_starts(int64_t batch) {
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t count = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+  std::vector<int64_t> starts;
+  for (int64_t i = 0; i <= count; ++i) starts.push_back(batch * i / count);
+  return starts;
+}
+
+// fn(i) for every chunk i, in parallel, without recording gradients.
+template <typename F>
+void for_chunks(int64_t count, const F& fn) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+inline at::Tensor cat_chunks(const std::vector<at::Tensor>& parts) {
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+void bind_eisner(pybind11::module& m);
+void bind_matrix_tree(pybind11::module& m);
+
+}  // namespace structattn
