@@ -105,16 +105,23 @@ def peak_memory_bytes(fn: Callable[[], object]) -> int:
     start of the call; its maximum is the peak *extra* memory (inputs allocated before the
     call are not counted; the result of ``fn`` and the autograd graph it keeps alive are).
     Memory allocated outside PyTorch's allocator (Python objects, library workspaces) is
-    not seen.
+    not seen. The call runs with one torch thread: the profiler records only the calling
+    thread's allocations, and our C++ kernels allocate in one worker thread per batch chunk
+    (with 2 threads the main thread would see only its own half).
     """
     gc.collect()
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with (
-        _quiet_stderr(),
-        torch.profiler.profile(activities=activities, profile_memory=True) as prof,
-    ):
-        out = fn()
-        del out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with (
+            _quiet_stderr(),
+            torch.profiler.profile(activities=activities, profile_memory=True) as prof,
+        ):
+            out = fn()
+            del out
+    finally:
+        torch.set_num_threads(threads)
     events = [
         e
         for e in prof.profiler.kineto_results.events()
