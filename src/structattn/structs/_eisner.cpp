@@ -5,6 +5,8 @@
 //   * the batch is split into one chunk per thread, each chunk running all span widths on
 //     its own (the per-width tensors are too small for ATen's intra-op threads).
 // Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -86,6 +88,149 @@ std::pair<Tensor, Tensor> split_weights_from(Tensor e, const Tensor& top, const 
   return {p, r};
 }
 
+// ---- fused loops over the small per-width quantities ([B, 2|3, n]: one pass instead of
+// about ten tiny tensor operations each; the [B, 3, w, n] work stays in ATen) ---------------
+
+template <typename T>
+T log_add_exp(T a, T b) {  // as ATen's logaddexp
+  if (std::isinf(a) && a == b) return a;
+  return std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
+}
+
+// Inside pass, weights kept, from top [B, 3, 1, n] and esum [B, 3, n] (the sums over the
+// split of e = exp(terms - top)): writes I(s, w) = inner + arc and C(s, w) (both copies)
+// into the chart views, and returns (scale [B, 3, 1, n], r [B, 2, n]) with P = e * scale.
+std::pair<Tensor, Tensor> inside_width(const Tensor& top, const Tensor& esum, const Tensor& arcs,
+                                       const Tensor& inc, const Tensor& comp,
+                                       const Tensor& last, bool multiroot, int64_t w) {
+  const int64_t batch = esum.size(0), n = esum.size(2);
+  Tensor scale = at::empty({batch, 3, 1, n}, esum.options());
+  Tensor r = at::empty({batch, 2, n}, esum.options());
+  const Tensor ends = last.to(at::kLong).contiguous();
+  AT_DISPATCH_FLOATING_TYPES(esum.scalar_type(), "inside_width", [&] {
+    auto tp = top.accessor<scalar_t, 4>();
+    auto es = esum.accessor<scalar_t, 3>();
+    auto ar = arcs.accessor<scalar_t, 3>();
+    auto in = inc.accessor<scalar_t, 3>();
+    auto cm = comp.accessor<scalar_t, 4>();
+    auto sc = scale.accessor<scalar_t, 4>();
+    auto rr = r.accessor<scalar_t, 3>();
+    auto ls = ends.accessor<int64_t, 1>();
+    const scalar_t lo = std::numeric_limits<scalar_t>::lowest();
+    const scalar_t neg_inf = -std::numeric_limits<scalar_t>::infinity();
+    for (int64_t b = 0; b < batch; ++b) {
+      const bool open = !multiroot && ls[b] != w;  // ROOT's span stays open
+      for (int64_t s = 0; s < n; ++s) {
+        scalar_t sums[3];
+        for (int g = 0; g < 3; ++g) sums[g] = std::log(es[b][g][s]) + tp[b][g][0][s];
+        const scalar_t i_span[2] = {sums[1] + ar[b][0][s], sums[1] + ar[b][1][s]};
+        scalar_t c_span[2] = {log_add_exp(sums[0], i_span[0]), log_add_exp(sums[2], i_span[1])};
+        const scalar_t norm[3] = {std::max(c_span[0], lo), std::max(sums[1], lo),
+                                  std::max(c_span[1], lo)};
+        for (int g = 0; g < 3; ++g) sc[b][g][0][s] = std::exp(tp[b][g][0][s] - norm[g]);
+        for (int k = 0; k < 2; ++k) rr[b][k][s] = std::exp(i_span[k] - norm[2 * k]);
+        if (open && s == 0) {
+          sc[b][0][0][0] = 0;
+          rr[b][0][0] = 0;
+          c_span[0] = neg_inf;
+        }
+        for (int k = 0; k < 2; ++k) {
+          in[b][k][s] = i_span[k];
+          cm[b][0][k][s] = c_span[k];
+          cm[b][1][k][s] = c_span[k];
+        }
+      }
+    }
+  });
+  return {scale, r};
+}
+
+// Outside pass: g(I) += r g(C) in place (g(C) = the sum of the two copies' gradients);
+// returns the gradients of the three sums, [B, 3, 1, n].
+Tensor outside_width(const Tensor& comp, const Tensor& inc, const Tensor& r) {
+  const int64_t batch = inc.size(0), n = inc.size(2);
+  Tensor parent = at::empty({batch, 3, 1, n}, inc.options());
+  AT_DISPATCH_FLOATING_TYPES(inc.scalar_type(), "outside_width", [&] {
+    auto cm = comp.accessor<scalar_t, 4>();
+    auto in = inc.accessor<scalar_t, 3>();
+    auto rr = r.accessor<scalar_t, 3>();
+    auto gp = parent.accessor<scalar_t, 4>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t s = 0; s < n; ++s) {
+        scalar_t g_inc = 0;
+        for (int k = 0; k < 2; ++k) {
+          const scalar_t g_comp = cm[b][0][k][s] + cm[b][1][k][s];
+          const scalar_t g_i = in[b][k][s] + rr[b][k][s] * g_comp;
+          in[b][k][s] = g_i;
+          g_inc += g_i;
+          gp[b][2 * k][0][s] = g_comp;
+        }
+        gp[b][1][0][s] = g_inc;
+      }
+    }
+  });
+  return parent;
+}
+
+// Tangents of the inside pass: dot I = dot inner + direction, dot C = dot partial + r dot I,
+// written into the tangent chart views; d_sums [B, 3, n] groups 0 and 2 become dot C.
+void hvp_inside_width(const Tensor& d_sums, const Tensor& dirs, const Tensor& r,
+                      const Tensor& inc, const Tensor& comp) {
+  const int64_t batch = d_sums.size(0), n = d_sums.size(2);
+  AT_DISPATCH_FLOATING_TYPES(d_sums.scalar_type(), "hvp_inside_width", [&] {
+    auto ds = d_sums.accessor<scalar_t, 3>();
+    auto dr = dirs.accessor<scalar_t, 3>();
+    auto rr = r.accessor<scalar_t, 3>();
+    auto in = inc.accessor<scalar_t, 3>();
+    auto cm = comp.accessor<scalar_t, 4>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t s = 0; s < n; ++s) {
+        for (int k = 0; k < 2; ++k) {
+          const scalar_t d_inc = ds[b][1][s] + dr[b][k][s];
+          const scalar_t d_comp = ds[b][2 * k][s] + rr[b][k][s] * d_inc;
+          in[b][k][s] = d_inc;
+          ds[b][2 * k][s] = d_comp;
+          cm[b][0][k][s] = d_comp;
+          cm[b][1][k][s] = d_comp;
+        }
+      }
+    }
+  });
+}
+
+// Tangents of the outside pass for the small quantities: dot g(I) += r ((dot I - dot C) g(C)
+// + dot g(C)) in place; returns shift = dot g(P) - dot P g(P) [B, 3, 1, n] for the terms.
+Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const Tensor& d_parent,
+                         const Tensor& g_parent, const Tensor& r, const Tensor& dg_inc) {
+  const int64_t batch = d_inc.size(0), n = d_inc.size(2);
+  Tensor shift = at::empty({batch, 3, 1, n}, d_inc.options());
+  AT_DISPATCH_FLOATING_TYPES(d_inc.scalar_type(), "hvp_outside_width", [&] {
+    auto cm = dg_comp_view.accessor<scalar_t, 4>();
+    auto di = d_inc.accessor<scalar_t, 3>();
+    auto dp = d_parent.accessor<scalar_t, 4>();
+    auto gp = g_parent.accessor<scalar_t, 4>();
+    auto rr = r.accessor<scalar_t, 3>();
+    auto dgi = dg_inc.accessor<scalar_t, 3>();
+    auto sh = shift.accessor<scalar_t, 4>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t s = 0; s < n; ++s) {
+        scalar_t dg_i = 0;
+        for (int k = 0; k < 2; ++k) {
+          const scalar_t dg_comp = cm[b][0][k][s] + cm[b][1][k][s];
+          const scalar_t g_comp = gp[b][2 * k][0][s], d_comp = dp[b][2 * k][0][s];
+          const scalar_t direct = ((di[b][k][s] - d_comp) * g_comp + dg_comp) * rr[b][k][s];
+          const scalar_t updated = dgi[b][k][s] + direct;
+          dgi[b][k][s] = updated;
+          dg_i += updated;
+          sh[b][2 * k][0][s] = dg_comp - d_comp * g_comp;
+        }
+        sh[b][1][0][s] = dg_i - dp[b][1][0][s] * gp[b][1][0][s];
+      }
+    }
+  });
+  return shift;
+}
+
 // One chunk of the batch: its inside charts, split weights and outside pass.
 struct Chunk {
   Tensor chart;  // [B, 6, N, N]
@@ -122,23 +267,20 @@ void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
   for (int64_t w = 1; w < size; ++w) {
     const int64_t n = size - w;
     Tensor terms = lay.terms(c.chart, w);
-    Tensor open_root = c.open_root(w);
     Tensor inc = lay.inc(c.chart, w);
-    Tensor comp;
-    if (keep_weights) {
+    if (keep_weights) {  // one exp of the terms gives the sums and the split weights
       Tensor top = terms.amax({2}, true).clamp_min_(floor);
       Tensor e = terms.sub_(top).exp_();
-      Tensor sums = e.sum({2}).log_().add_(top.squeeze(2));
-      at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
-      comp = even_groups(sums);
-      at::logaddexp_out(comp, comp, inc);
-      c.weights.push_back(split_weights_from(e, top, sums, inc, open_root));
-    } else {
-      Tensor sums = at::logsumexp(terms, {2});
-      at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
-      comp = at::logaddexp(even_groups(sums), inc);
-      c.inner.select(1, w).narrow(1, 0, n).copy_(sums.select(1, 1));
+      auto [scale, r] = inside_width(top, e.sum({2}), arcs_of_width(arcs, w), inc,
+                                     lay.comp(c.chart, w), c.last, c.multiroot, w);
+      c.weights.emplace_back(e.mul_(scale), r);
+      continue;
     }
+    Tensor sums = at::logsumexp(terms, {2});
+    at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
+    Tensor comp = at::logaddexp(even_groups(sums), inc);
+    c.inner.select(1, w).narrow(1, 0, n).copy_(sums.select(1, 1));
+    Tensor open_root = c.open_root(w);
     if (open_root.defined()) comp.select(1, 0).select(1, 0).masked_fill_(open_root, kNegInf);
     lay.comp(c.chart, w).copy_(comp.unsqueeze(1));
   }
@@ -163,9 +305,7 @@ Tensor outside(Chunk& c, const Tensor& seed, bool keep) {
   const bool keep_parents = keep && !c.weights.empty();
   for (int64_t w = lay.size - 1; w > 0; --w) {
     auto [p, r] = c.split_weights(lay, w);
-    Tensor g_comp = lay.comp(grad, w).sum(1);
-    Tensor g_inc = lay.inc(grad, w).addcmul_(r, g_comp);
-    Tensor g_parent = groups(g_comp, g_inc.sum(1, true)).unsqueeze(2);
+    Tensor g_parent = outside_width(lay.comp(grad, w), lay.inc(grad, w), r);  // [B, 3, 1, n]
     if (keep_parents) c.parents.push_back(g_parent);
     lay.first(grad, w).addcmul_(p, g_parent);
     lay.second(grad, w).addcmul_(p, g_parent);
@@ -182,37 +322,28 @@ Tensor hvp(const Chunk& c, const Tensor& direction) {
   for (int64_t w = 1; w < lay.size; ++w) {
     auto [p, r] = c.split_weights(lay, w);
     Tensor d_terms = lay.terms(tangent, w);
-    Tensor d_sums = (p * d_terms).sum(2);
-    Tensor d_inc = lay.inc(tangent, w);
-    at::add_out(d_inc, d_sums.narrow(1, 1, 1), arcs_of_width(direction, w));
-    Tensor d_comp = even_groups(d_sums).addcmul_(r, d_inc);
-    lay.comp(tangent, w).copy_(d_comp.unsqueeze(1));
+    Tensor d_sums = (p * d_terms).sum(2);  // [B, 3, n]; groups 0, 2 become dot C below
+    hvp_inside_width(d_sums, arcs_of_width(direction, w), r, lay.inc(tangent, w),
+                     lay.comp(tangent, w));
     if (keep) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
   }
   Tensor d_grad = at::zeros_like(tangent);
   for (int64_t w = lay.size - 1; w > 0; --w) {
     auto [p, r] = c.split_weights(lay, w);
-    Tensor dg_comp = lay.comp(d_grad, w).sum(1);
-    Tensor d_inc = lay.inc(tangent, w);
-    Tensor d_terms, d_parent, d_comp, g_parent, g_comp;
+    Tensor d_terms, d_parent, g_parent;  // [B, 3, w, n], [B, 3, 1, n] (dot P), (g(P))
     if (keep) {
       std::tie(d_terms, d_parent) = sums.back();
       sums.pop_back();
       g_parent = c.parents[lay.size - 1 - w];
-      g_comp = even_groups(g_parent).select(2, 0);
-      d_comp = even_groups(d_parent).select(2, 0);
     } else {
-      d_comp = lay.comp(tangent, w).select(1, 0);
       d_terms = lay.terms(tangent, w);
       Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
-      d_parent = groups(d_comp, d_inner).unsqueeze(2);
-      g_comp = lay.comp(c.grad, w).sum(1);
+      d_parent = groups(lay.comp(tangent, w).select(1, 0), d_inner).unsqueeze(2);
+      Tensor g_comp = lay.comp(c.grad, w).sum(1);
       g_parent = groups(g_comp, lay.inc(c.grad, w).sum(1, true)).unsqueeze(2);
     }
-    Tensor direct = (d_inc - d_comp).mul_(g_comp).add_(dg_comp).mul_(r);
-    Tensor dg_inc = lay.inc(d_grad, w).add_(direct);
-    Tensor dg_parent = groups(dg_comp, dg_inc.sum(1, true)).unsqueeze(2);
-    Tensor shift = dg_parent - d_parent * g_parent;
+    Tensor shift = hvp_outside_width(lay.comp(d_grad, w), lay.inc(tangent, w), d_parent,
+                                     g_parent, r, lay.inc(d_grad, w));  // [B, 3, 1, n]
     Tensor t = at::addcmul(shift, d_terms, g_parent).mul_(p);
     lay.first(d_grad, w).add_(t);
     lay.second(d_grad, w).add_(t);
