@@ -91,6 +91,12 @@ std::pair<Tensor, Tensor> split_weights_from(Tensor e, const Tensor& top, const 
 // ---- fused loops over the small per-width quantities ([B, 2|3, n]: one pass instead of
 // about ten tiny tensor operations each; the [B, 3, w, n] work stays in ATen) ---------------
 
+template <typename F>
+void for_spans(int64_t batch, int64_t n, const F& fn) {  // fn(b, s) for every item and start
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < n; ++s) fn(b, s);
+}
+
 template <typename T>
 T log_add_exp(T a, T b) {  // as ATen's logaddexp
   if (std::isinf(a) && a == b) return a;
@@ -155,19 +161,17 @@ Tensor outside_width(const Tensor& comp, const Tensor& inc, const Tensor& r) {
     auto in = inc.accessor<scalar_t, 3>();
     auto rr = r.accessor<scalar_t, 3>();
     auto gp = parent.accessor<scalar_t, 4>();
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t s = 0; s < n; ++s) {
-        scalar_t g_inc = 0;
-        for (int k = 0; k < 2; ++k) {
-          const scalar_t g_comp = cm[b][0][k][s] + cm[b][1][k][s];
-          const scalar_t g_i = in[b][k][s] + rr[b][k][s] * g_comp;
-          in[b][k][s] = g_i;
-          g_inc += g_i;
-          gp[b][2 * k][0][s] = g_comp;
-        }
-        gp[b][1][0][s] = g_inc;
+    for_spans(batch, n, [&](int64_t b, int64_t s) {
+      scalar_t g_inc = 0;
+      for (int k = 0; k < 2; ++k) {
+        const scalar_t g_comp = cm[b][0][k][s] + cm[b][1][k][s];
+        const scalar_t g_i = in[b][k][s] + rr[b][k][s] * g_comp;
+        in[b][k][s] = g_i;
+        g_inc += g_i;
+        gp[b][2 * k][0][s] = g_comp;
       }
-    }
+      gp[b][1][0][s] = g_inc;
+    });
   });
   return parent;
 }
@@ -183,18 +187,16 @@ void hvp_inside_width(const Tensor& d_sums, const Tensor& dirs, const Tensor& r,
     auto rr = r.accessor<scalar_t, 3>();
     auto in = inc.accessor<scalar_t, 3>();
     auto cm = comp.accessor<scalar_t, 4>();
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t s = 0; s < n; ++s) {
-        for (int k = 0; k < 2; ++k) {
-          const scalar_t d_inc = ds[b][1][s] + dr[b][k][s];
-          const scalar_t d_comp = ds[b][2 * k][s] + rr[b][k][s] * d_inc;
-          in[b][k][s] = d_inc;
-          ds[b][2 * k][s] = d_comp;
-          cm[b][0][k][s] = d_comp;
-          cm[b][1][k][s] = d_comp;
-        }
+    for_spans(batch, n, [&](int64_t b, int64_t s) {
+      for (int k = 0; k < 2; ++k) {
+        const scalar_t d_inc = ds[b][1][s] + dr[b][k][s];
+        const scalar_t d_comp = ds[b][2 * k][s] + rr[b][k][s] * d_inc;
+        in[b][k][s] = d_inc;
+        ds[b][2 * k][s] = d_comp;
+        cm[b][0][k][s] = d_comp;
+        cm[b][1][k][s] = d_comp;
       }
-    }
+    });
   });
 }
 
@@ -212,21 +214,19 @@ Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const 
     auto rr = r.accessor<scalar_t, 3>();
     auto dgi = dg_inc.accessor<scalar_t, 3>();
     auto sh = shift.accessor<scalar_t, 4>();
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t s = 0; s < n; ++s) {
-        scalar_t dg_i = 0;
-        for (int k = 0; k < 2; ++k) {
-          const scalar_t dg_comp = cm[b][0][k][s] + cm[b][1][k][s];
-          const scalar_t g_comp = gp[b][2 * k][0][s], d_comp = dp[b][2 * k][0][s];
-          const scalar_t direct = ((di[b][k][s] - d_comp) * g_comp + dg_comp) * rr[b][k][s];
-          const scalar_t updated = dgi[b][k][s] + direct;
-          dgi[b][k][s] = updated;
-          dg_i += updated;
-          sh[b][2 * k][0][s] = dg_comp - d_comp * g_comp;
-        }
-        sh[b][1][0][s] = dg_i - dp[b][1][0][s] * gp[b][1][0][s];
+    for_spans(batch, n, [&](int64_t b, int64_t s) {
+      scalar_t dg_i = 0;
+      for (int k = 0; k < 2; ++k) {
+        const scalar_t dg_comp = cm[b][0][k][s] + cm[b][1][k][s];
+        const scalar_t g_comp = gp[b][2 * k][0][s], d_comp = dp[b][2 * k][0][s];
+        const scalar_t direct = ((di[b][k][s] - d_comp) * g_comp + dg_comp) * rr[b][k][s];
+        const scalar_t updated = dgi[b][k][s] + direct;
+        dgi[b][k][s] = updated;
+        dg_i += updated;
+        sh[b][2 * k][0][s] = dg_comp - d_comp * g_comp;
       }
-    }
+      sh[b][1][0][s] = dg_i - dp[b][1][0][s] * gp[b][1][0][s];
+    });
   });
   return shift;
 }
