@@ -178,3 +178,39 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
             got = passes(scores, lengths)
             for a, b in zip(got, reference, strict=True):
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_slow_build_is_announced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build that takes more than a second logs a notice before and a line after (a
+    cached load, well under a second, stays silent)."""
+    import time
+    import types
+
+    import torch.utils.cpp_extension as cpp
+
+    module = types.ModuleType("fake_kernels")
+
+    def slow(*args: object, **kwargs: object) -> types.ModuleType:
+        time.sleep(1.3)
+        return module
+
+    monkeypatch.setattr(cpp, "load", slow)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    with caplog.at_level("INFO", logger="structattn"):
+        assert kernels(torch.zeros(1, 2, 2)) is module
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("compiling the C++ kernels" in m for m in messages)
+    assert any("C++ kernels ready" in m for m in messages)
+
+    def fast(*args: object, **kwargs: object) -> types.ModuleType:
+        return module
+
+    caplog.clear()
+    monkeypatch.setattr(cpp, "load", fast)
+    monkeypatch.setattr(_extension, "_state", {})
+    with caplog.at_level("INFO", logger="structattn"):
+        assert kernels(torch.zeros(1, 2, 2)) is module
+    assert not caplog.records

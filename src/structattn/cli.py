@@ -279,14 +279,20 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.out, quick=args.quick, seed=args.seed)
 
 
+class _StderrHandler(logging.Handler):
+    """Prints a record's message to the current ``sys.stderr`` (looked up at each record, so
+    a replaced stream, as under pytest, is never written to after it was closed)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``structattn`` command."""
     args = _build_parser().parse_args(argv)
     log = logging.getLogger("structattn")
     if not log.handlers:  # one-off notices (e.g. compiling the C++ kernels) go to stderr
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
+        log.addHandler(_StderrHandler())
         log.setLevel(logging.INFO)
     if args.threads is not None:
         if args.threads < 1:
