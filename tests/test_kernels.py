@@ -86,8 +86,9 @@ def test_kernels_no_tree_gives_minus_inf_and_finite_gradients() -> None:
         assert torch.isfinite(grad).all() and grad[2].abs().sum() == 0
 
 
-def test_kernels_serve_dependency_crf_and_its_empty_batch() -> None:
-    """The distribution goes through the kernels on CPU, an empty batch included."""
+def test_kernels_serve_the_distributions() -> None:
+    """The distributions go through the kernels on CPU: an empty batch, inference mode and
+    inference tensors included."""
     _kernels_or_skip()
     arcs = torch.randn(4, 7, 7, requires_grad=True)
     marginals = DependencyCRF(arcs, torch.tensor([7, 3, 5, 2])).marginals
@@ -96,6 +97,17 @@ def test_kernels_serve_dependency_crf_and_its_empty_batch() -> None:
     torch.testing.assert_close(marginals, reference, rtol=1e-5, atol=1e-6)
     empty = DependencyCRF(torch.randn(0, 5, 5, requires_grad=True)).marginals
     assert empty.shape == (0, 5, 5)
+    # under inference mode (the worker threads run outside it) and on inference tensors
+    from structattn import NonProjectiveDependencyCRF
+
+    with torch.inference_mode():
+        frozen = arcs.detach().clone()
+        inside = DependencyCRF(frozen, torch.tensor([7, 3, 5, 2])).marginals
+        tree = NonProjectiveDependencyCRF(frozen).marginals
+    torch.testing.assert_close(inside, reference.detach(), rtol=1e-5, atol=1e-6)
+    outside = NonProjectiveDependencyCRF(frozen).marginals
+    torch.testing.assert_close(tree, outside, rtol=0, atol=0)
+    assert torch.allclose(tree.sum((1, 2)), torch.full((4,), 6.0))
 
 
 def test_kernels_only_serve_cpu_float() -> None:
