@@ -226,3 +226,36 @@ def test_slow_build_is_announced(
     with caplog.at_level("INFO", logger="structattn"):
         assert kernels(torch.zeros(1, 2, 2)) is module
     assert not caplog.records
+
+
+def test_first_use_from_several_threads_builds_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that reach the first use together wait for one build (one warning)."""
+    import threading
+    import time
+
+    import torch.utils.cpp_extension as cpp
+
+    calls = []
+
+    def slow_failure(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        time.sleep(0.3)
+        raise OSError("no compiler here")
+
+    monkeypatch.setattr(cpp, "load", slow_failure)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [
+            threading.Thread(target=lambda: results.append(kernels(torch.zeros(1, 2, 2))))
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert results == [None, None, None]
+    assert len(calls) == 1
+    assert sum("no compiler here" in str(w.message) for w in caught) == 1

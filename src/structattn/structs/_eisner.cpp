@@ -231,15 +231,14 @@ Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const 
   return shift;
 }
 
-// One chunk of the batch: its inside charts, split weights and outside pass.
+// One chunk of the batch: its inside charts and split weights (not changed after the inside
+// pass: the outside passes keep what they need in their own Outside).
 struct Chunk {
   Tensor chart;  // [B, 6, N, N]
   Tensor inner;  // [B, N, N] (empty when the weights are kept)
   Tensor last;   // [B]
   bool multiroot = true;
   std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1, if kept
-  Tensor grad;                                     // outside chart, kept for the HVP
-  std::vector<Tensor> parents;                     // widths N-1 .. 1, if weights are kept
 
   Tensor open_root(int64_t w) const { return multiroot ? Tensor() : last.ne(w); }
 
@@ -298,26 +297,33 @@ Tensor arc_grads(const Tensor& grad) {
   return grad.reshape({batch, 6 * plane}).index_select(1, index).view({batch, size, size});
 }
 
-Tensor outside(Chunk& c, const Tensor& seed, bool keep) {
+// What the Hessian-vector product needs from one chunk's outside pass.
+struct Outside {
+  Tensor grad;                  // outside chart [B, 6, N, N]
+  std::vector<Tensor> parents;  // gradients of the sums, widths N-1 .. 1 (if weights are kept)
+};
+
+// The outside pass: seed[b] * marginals [B, N, N]; fills ``keep`` if given.
+Tensor outside(const Chunk& c, const Tensor& seed, Outside* keep) {
   Tensor grad = at::zeros_like(c.chart);
   grad.select(1, 1).select(2, 0).scatter_(1, c.last.unsqueeze(-1), seed.unsqueeze(-1));
   const Layout lay(grad);
-  const bool keep_parents = keep && !c.weights.empty();
+  const bool keep_parents = keep != nullptr && !c.weights.empty();
   for (int64_t w = lay.size - 1; w > 0; --w) {
     auto [p, r] = c.split_weights(lay, w);
     Tensor g_parent = outside_width(lay.comp(grad, w), lay.inc(grad, w), r);  // [B, 3, 1, n]
-    if (keep_parents) c.parents.push_back(g_parent);
+    if (keep_parents) keep->parents.push_back(g_parent);
     lay.first(grad, w).addcmul_(p, g_parent);
     lay.second(grad, w).addcmul_(p, g_parent);
   }
-  if (keep) c.grad = grad;
+  if (keep != nullptr) keep->grad = grad;
   return arc_grads(grad);
 }
 
-Tensor hvp(const Chunk& c, const Tensor& direction) {
+Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
   Tensor tangent = at::zeros_like(c.chart);
   const Layout lay(tangent);
-  const bool keep = !c.weights.empty() && !c.parents.empty();
+  const bool keep = !c.weights.empty() && !o.parents.empty();
   std::vector<std::pair<Tensor, Tensor>> sums;  // per width (dot terms, dot sums [B, 3, 1, n])
   for (int64_t w = 1; w < lay.size; ++w) {
     auto [p, r] = c.split_weights(lay, w);
@@ -334,13 +340,13 @@ Tensor hvp(const Chunk& c, const Tensor& direction) {
     if (keep) {
       std::tie(d_terms, d_parent) = sums.back();
       sums.pop_back();
-      g_parent = c.parents[lay.size - 1 - w];
+      g_parent = o.parents[lay.size - 1 - w];
     } else {
       d_terms = lay.terms(tangent, w);
       Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
       d_parent = groups(lay.comp(tangent, w).select(1, 0), d_inner).unsqueeze(2);
-      Tensor g_comp = lay.comp(c.grad, w).sum(1);
-      g_parent = groups(g_comp, lay.inc(c.grad, w).sum(1, true)).unsqueeze(2);
+      Tensor g_comp = lay.comp(o.grad, w).sum(1);
+      g_parent = groups(g_comp, lay.inc(o.grad, w).sum(1, true)).unsqueeze(2);
     }
     Tensor shift = hvp_outside_width(lay.comp(d_grad, w), lay.inc(tangent, w), d_parent,
                                      g_parent, r, lay.inc(d_grad, w));  // [B, 3, 1, n]
@@ -353,10 +359,16 @@ Tensor hvp(const Chunk& c, const Tensor& direction) {
 
 }  // namespace
 
-// The state of one batch between the inside pass, the outside pass and the HVP.
+// The state of one batch after the inside pass (read-only afterwards: any number of outside
+// passes and HVPs, from any thread, may use it).
 struct EisnerState {
   std::vector<Chunk> chunks;
   std::vector<int64_t> starts;  // chunk i is the batch items starts[i] .. starts[i + 1]
+};
+
+// One outside pass's charts, kept for the HVP (owned by the marginals' autograd node).
+struct EisnerOutside {
+  std::vector<Outside> chunks;
 };
 
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
@@ -385,40 +397,63 @@ Tensor eisner_log_partition(const EisnerState& state) {
   return cat_chunks(parts);
 }
 
-Tensor eisner_outside(EisnerState& state, const Tensor& seed, bool keep) {
+// seed[b] * marginals [B, N, N], and (if keep) the outside charts for eisner_hvp
+std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState& state,
+                                                               const Tensor& seed, bool keep) {
   const int64_t count = static_cast<int64_t>(state.chunks.size());
+  std::shared_ptr<EisnerOutside> kept;
+  if (keep) {
+    kept = std::make_shared<EisnerOutside>();
+    kept->chunks.resize(count);
+  }
   std::vector<Tensor> parts(count);
   for_chunks(count, [&](int64_t i) {
     const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
-    parts[i] = outside(state.chunks[i], seed.narrow(0, start, length), keep);
+    parts[i] = outside(state.chunks[i], seed.narrow(0, start, length),
+                       keep ? &kept->chunks[i] : nullptr);
   });
-  return cat_chunks(parts);
+  return {cat_chunks(parts), kept};
 }
 
-Tensor eisner_hvp(const EisnerState& state, const Tensor& direction) {
+Tensor eisner_outside(const EisnerState& state, const Tensor& seed) {
+  return outside_pass(state, seed, false).first;
+}
+
+std::pair<Tensor, std::shared_ptr<EisnerOutside>> eisner_marginals(const EisnerState& state,
+                                                                   const Tensor& seed) {
+  return outside_pass(state, seed, true);
+}
+
+Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
+                  const Tensor& direction) {
   const int64_t count = static_cast<int64_t>(state.chunks.size());
-  for (const Chunk& c : state.chunks)
-    TORCH_CHECK(c.grad.defined(), "eisner_hvp needs eisner_outside(..., keep=True) first");
+  TORCH_CHECK(static_cast<int64_t>(outside_charts.chunks.size()) == count,
+              "eisner_hvp: the outside charts come from another batch");
   const Tensor dirs = direction.contiguous();
   std::vector<Tensor> parts(count);
   for_chunks(count, [&](int64_t i) {
     const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
-    parts[i] = hvp(state.chunks[i], dirs.narrow(0, start, length));
+    parts[i] = hvp(state.chunks[i], outside_charts.chunks[i], dirs.narrow(0, start, length));
   });
   return cat_chunks(parts);
 }
 
 void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
+  pybind11::class_<EisnerOutside, std::shared_ptr<EisnerOutside>>(m, "EisnerOutside");
   m.def("eisner_inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
         pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("eisner_log_partition", &eisner_log_partition, "log Z [B] from the state");
-  m.def("eisner_outside", &eisner_outside, "seed[b] * marginals [B, N, N]", pybind11::arg("state"),
-        pybind11::arg("seed"), pybind11::arg("keep"),
+  m.def("eisner_outside", &eisner_outside, "seed[b] * marginals [B, N, N]",
+        pybind11::arg("state"), pybind11::arg("seed"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("eisner_marginals", &eisner_marginals,
+        "(seed[b] * marginals [B, N, N], the outside charts for eisner_hvp)",
+        pybind11::arg("state"), pybind11::arg("seed"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("eisner_hvp", &eisner_hvp, "Hessian of log Z times direction [B, N, N]",
-        pybind11::arg("state"), pybind11::arg("direction"),
+        pybind11::arg("state"), pybind11::arg("outside"), pybind11::arg("direction"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import sys
 import threading
 import time
 import warnings
@@ -34,11 +36,20 @@ _SOURCES = [
 ]
 _state: dict[str, ModuleType | None] = {}
 _disabled = False
+_lock = threading.Lock()
+
+
+def _mode() -> str:
+    """ "off", "require" or "on" (the default) from ``STRUCTATTN_EXTENSION``."""
+    value = os.environ.get("STRUCTATTN_EXTENSION", "1").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "require" if value in ("require", "required") else "on"
 
 
 def _build() -> ModuleType | None:
-    mode = os.environ.get("STRUCTATTN_EXTENSION", "1").strip().lower()
-    if mode in ("0", "off", "false", "no"):
+    mode = _mode()
+    if mode == "off":
         return None
     try:
         from torch.utils.cpp_extension import load
@@ -50,11 +61,14 @@ def _build() -> ModuleType | None:
         )
         notice.start()
         try:
+            # one build per torch version (a module built for another one would not load);
+            # OpenMP runs the batch chunks in parallel (without it they run one by one)
+            openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
             module = load(
-                name="structattn_kernels",
+                name="structattn_kernels_torch" + re.sub(r"\W", "_", torch.__version__),
                 sources=[str(path) for path in _SOURCES],
-                extra_cflags=["-O2", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
+                extra_cflags=["-O2", *openmp],
+                extra_ldflags=openmp,
             )
         finally:
             notice.cancel()
@@ -86,7 +100,9 @@ def kernels(scores: Tensor) -> ModuleType | None:
     ):
         return None
     if "module" not in _state:
-        _state["module"] = _build()
+        with _lock:  # one build (and at most one warning) when threads arrive together
+            if "module" not in _state:
+                _state["module"] = _build()
     return _state["module"]
 
 

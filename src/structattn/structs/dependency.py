@@ -465,7 +465,7 @@ class _EisnerLogPartition(torch.autograd.Function):
             )
             return marginals, None, None
         if ctx.kernels is not None:
-            return ctx.kernels.eisner_outside(ctx.charts, grad, False), None, None
+            return ctx.kernels.eisner_outside(ctx.charts, grad), None, None
         return _arc_grads(_eisner_outside(ctx.charts, grad)), None, None
 
 
@@ -486,8 +486,8 @@ class _EisnerMarginals(torch.autograd.Function):
         kernels: Any,
     ) -> Tensor:
         parents: list[Tensor] | None = None
-        if kernels is not None:  # the kernels keep the outside chart in their state
-            marginals = kernels.eisner_outside(charts, torch.ones_like(seed), True)
+        if kernels is not None:  # the outside charts stay in ctx.kept, for the backward
+            marginals, ctx.kept = kernels.eisner_marginals(charts, torch.ones_like(seed))
             outside = marginals.new_empty(0)
         else:
             parents = None if charts.weights is None else []
@@ -515,7 +515,7 @@ class _EisnerMarginals(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, g_seed, None, None, None, None
         if ctx.kernels is not None:
-            hvp = ctx.kernels.eisner_hvp(ctx.charts, grad)
+            hvp = ctx.kernels.eisner_hvp(ctx.charts, ctx.kept, grad)
         else:
             hvp = _eisner_hvp(ctx.charts, outside, ctx.parents, grad)
         return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None
