@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..structs._extension import kernels as compiled_kernels
 from .tree_transduction import (
     PAPER_TABLE,
     VARIANTS,
@@ -89,6 +90,9 @@ def run_demo(
     jobs: dict[str, Any] = {}
     threads = max(1, cores // workers)
     args = {v: (v, asdict(config), str(out / v), threads, test_size) for v in DEMO_VARIANTS}
+    # build the C++ kernels here, once: the CLI shows the notice of a first build, and the
+    # worker processes load the cached module instead of compiling it silently
+    compiled_kernels(torch.zeros(1, 2, 2))
     if workers == 1:
         results = {v: _train_and_evaluate(*args[v]) for v in DEMO_VARIANTS}
     else:

@@ -57,7 +57,7 @@ def _build() -> ModuleType | None:
         start = time.perf_counter()
         # a cached build loads in well under a second; say so only when it compiles
         notice = threading.Timer(
-            1.0, _log.info, ("structattn: compiling the C++ kernels (once, under a minute) ...",)
+            1.0, _log.info, ("structattn: compiling the C++ kernels (once, about a minute) ...",)
         )
         notice.start()
         try:
