@@ -381,8 +381,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   state->chunks.resize(count);
   for (Chunk& c : state->chunks) c.multiroot = multiroot;
   const Tensor arcs = arc_scores.contiguous();
-  for_chunks(count, [&](int64_t i) {
-    const int64_t start = state->starts[i], length = state->starts[i + 1] - start;
+  for_chunks(state->starts, [&](int64_t i, int64_t start, int64_t length) {
     Chunk& c = state->chunks[i];
     c.last = last.narrow(0, start, length);
     inside(c, arcs.narrow(0, start, length), keep_weights);
@@ -406,13 +405,11 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
     kept = std::make_shared<EisnerOutside>();
     kept->chunks.resize(count);
   }
-  std::vector<Tensor> parts(count);
-  for_chunks(count, [&](int64_t i) {
-    const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
-    parts[i] = outside(state.chunks[i], seed.narrow(0, start, length),
-                       keep ? &kept->chunks[i] : nullptr);
+  Tensor out = chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
+    return outside(state.chunks[i], seed.narrow(0, start, length),
+                   keep ? &kept->chunks[i] : nullptr);
   });
-  return {cat_chunks(parts), kept};
+  return {out, kept};
 }
 
 Tensor eisner_outside(const EisnerState& state, const Tensor& seed) {
@@ -430,12 +427,9 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   TORCH_CHECK(static_cast<int64_t>(outside_charts.chunks.size()) == count,
               "eisner_hvp: the outside charts come from another batch");
   const Tensor dirs = direction.contiguous();
-  std::vector<Tensor> parts(count);
-  for_chunks(count, [&](int64_t i) {
-    const int64_t start = state.starts[i], length = state.starts[i + 1] - start;
-    parts[i] = hvp(state.chunks[i], outside_charts.chunks[i], dirs.narrow(0, start, length));
+  return chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
+    return hvp(state.chunks[i], outside_charts.chunks[i], dirs.narrow(0, start, length));
   });
-  return cat_chunks(parts);
 }
 
 void bind_eisner(pybind11::module& m) {

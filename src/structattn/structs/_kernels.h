@@ -22,17 +22,29 @@ inline std::vector<int64_t> chunk_starts(int64_t batch) {
   return starts;
 }
 
-// fn(i) for every chunk i, in parallel, without recording gradients.
+// fn(i, start, length) for every chunk i (the batch items start .. start + length), in
+// parallel, without recording gradients.
 template <typename F>
-void for_chunks(int64_t count, const F& fn) {
+void for_chunks(const std::vector<int64_t>& starts, const F& fn) {
+  const int64_t count = static_cast<int64_t>(starts.size()) - 1;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     at::NoGradGuard no_grad;
-    for (int64_t i = begin; i < end; ++i) fn(i);
+    for (int64_t i = begin; i < end; ++i) fn(i, starts[i], starts[i + 1] - starts[i]);
   });
 }
 
 inline at::Tensor cat_chunks(const std::vector<at::Tensor>& parts) {
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+// fn(i, start, length) -> Tensor for every chunk, concatenated along the batch.
+template <typename F>
+at::Tensor chunked(const std::vector<int64_t>& starts, const F& fn) {
+  std::vector<at::Tensor> parts(starts.size() - 1);
+  for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
+    parts[i] = fn(i, start, length);
+  });
+  return cat_chunks(parts);
 }
 
 void bind_eisner(pybind11::module& m);

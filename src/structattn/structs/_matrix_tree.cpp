@@ -91,16 +91,6 @@ Tensor marginals_backward(const Tensor& grad, const Tensor& weights, const Tenso
   return out;
 }
 
-// fn(start, length) -> Tensor over the chunks of a batch, concatenated
-template <typename F>
-Tensor chunked(int64_t batch, const F& fn) {
-  const std::vector<int64_t> starts = chunk_starts(batch);
-  const int64_t count = static_cast<int64_t>(starts.size()) - 1;
-  std::vector<Tensor> parts(count);
-  for_chunks(count, [&](int64_t i) { parts[i] = fn(starts[i], starts[i + 1] - starts[i]); });
-  return cat_chunks(parts);
-}
-
 c10::optional<Tensor> narrow(const c10::optional<Tensor>& x, int64_t start, int64_t length) {
   if (!x) return c10::nullopt;
   return x->narrow(0, start, length);
@@ -110,7 +100,7 @@ c10::optional<Tensor> narrow(const c10::optional<Tensor>& x, int64_t start, int6
 
 Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const Tensor& inverse,
                              bool multiroot, const c10::optional<Tensor>& scale) {
-  return chunked(scores.size(0), [&](int64_t start, int64_t length) {
+  return chunked(chunk_starts(scores.size(0)), [&](int64_t, int64_t start, int64_t length) {
     return marginals(scores.narrow(0, start, length), weights.narrow(0, start, length),
                      inverse.narrow(0, start, length), multiroot, narrow(scale, start, length));
   });
@@ -119,7 +109,7 @@ Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const 
 Tensor matrix_tree_marginals_backward(const Tensor& grad, const Tensor& weights,
                                       const Tensor& inverse, const Tensor& marginals,
                                       bool multiroot) {
-  return chunked(grad.size(0), [&](int64_t start, int64_t length) {
+  return chunked(chunk_starts(grad.size(0)), [&](int64_t, int64_t start, int64_t length) {
     return marginals_backward(grad.narrow(0, start, length), weights.narrow(0, start, length),
                               inverse.narrow(0, start, length),
                               marginals.narrow(0, start, length), multiroot);
@@ -130,10 +120,8 @@ std::vector<Tensor> matrix_tree_lu(const Tensor& scores, const c10::optional<Ten
                                    bool multiroot, double max_cond, bool need_logz) {
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
   const std::vector<int64_t> starts = chunk_starts(scores.size(0));
-  const int64_t count = static_cast<int64_t>(starts.size()) - 1;
-  std::vector<std::vector<Tensor>> parts(count);
-  for_chunks(count, [&](int64_t i) {
-    const int64_t start = starts[i], length = starts[i + 1] - start;
+  std::vector<std::vector<Tensor>> parts(starts.size() - 1);
+  for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
     parts[i] = lu_path(scores.narrow(0, start, length), narrow(real, start, length), multiroot,
                        max_cond, need_logz);
   });
