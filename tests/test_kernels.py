@@ -15,11 +15,6 @@ from structattn.structs import _extension, dependency
 from structattn.structs._extension import kernels, kernels_disabled
 
 
-def _kernels_or_skip() -> None:
-    if kernels(torch.zeros(1, 2, 2)) is None:
-        pytest.skip("the C++ kernels are not built on this machine")
-
-
 def _passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, ...]:
     """log Z, the marginals, a Hessian-vector product and the plain log Z gradient."""
     x = scores.clone().requires_grad_(True)
@@ -49,6 +44,7 @@ def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tenso
     return scores, lengths
 
 
+@pytest.mark.usefixtures("built_kernels")
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
@@ -60,7 +56,6 @@ def test_kernels_equal_the_pytorch_code(
     """log Z, marginals, Hessian-vector product and log Z's gradient agree (lengths, -inf
     arcs, one- and two-position items; split weights kept or recomputed), with the batch in
     one chunk and in two (two threads)."""
-    _kernels_or_skip()
     if not cache:
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
     for batch, size in [(1, 2), (3, 6), (7, 12)]:
@@ -75,9 +70,9 @@ def test_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.usefixtures("built_kernels")
 def test_kernels_no_tree_gives_minus_inf_and_finite_gradients() -> None:
     """An item without any tree has log Z = -inf, and its gradients stay finite (zero)."""
-    _kernels_or_skip()
     scores, lengths = _scores(3, 6, torch.float64, seed=9)
     scores[2, :, 3] = float("-inf")  # word 3 has no head
     logz, marginals, hvp, plain = _passes(scores, lengths.fill_(6), True)
@@ -86,10 +81,10 @@ def test_kernels_no_tree_gives_minus_inf_and_finite_gradients() -> None:
         assert torch.isfinite(grad).all() and grad[2].abs().sum() == 0
 
 
+@pytest.mark.usefixtures("built_kernels")
 def test_kernels_serve_the_distributions() -> None:
     """The distributions go through the kernels on CPU: an empty batch, inference mode and
     inference tensors included."""
-    _kernels_or_skip()
     arcs = torch.randn(4, 7, 7, requires_grad=True)
     marginals = DependencyCRF(arcs, torch.tensor([7, 3, 5, 2])).marginals
     with kernels_disabled():
@@ -157,6 +152,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
         assert kernels(scores) is None
 
 
+@pytest.mark.usefixtures("built_kernels")
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
@@ -167,7 +163,6 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
     """Non-projective log Z, marginals and the backward of a loss on the marginals agree
     (lengths, -inf arcs, an item without a tree on the exact fallback), with one and two
     chunks."""
-    _kernels_or_skip()
     from structattn import NonProjectiveDependencyCRF
 
     def passes(scores: Tensor, lengths: Tensor) -> tuple[Tensor, ...]:
