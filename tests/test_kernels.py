@@ -187,6 +187,47 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol, equal_nan=True)
 
 
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("method", [1, 2], ids=["gauss-jordan", "lapack"])
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_matrix_tree_inversions_equal_the_pytorch_code(
+    method: int, multiroot: bool, dtype: torch.dtype
+) -> None:
+    """Both inversions of the kernels' LU path (Gauss-Jordan on SIMD lanes, LAPACK) give the
+    log-determinant, inverse and kept items of the PyTorch code: batches that do and do not
+    fill the lanes, one word, padding, items with no tree and ill-conditioned items."""
+    from structattn.structs.nonprojective import _lu_operations
+
+    module = kernels(torch.zeros(1, dtype=dtype))
+    assert module is not None
+    gen = torch.Generator().manual_seed(method)
+    for batch, size in [(1, 2), (7, 5), (8, 9), (19, 16), (0, 4)]:
+        scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
+        lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+        if batch > 2:
+            scores[1, :, 1] = float("-inf")  # word 1 has no head: no tree (singular)
+            scores[2, 1, 2] = scores[2, 2, 1] = 1000.0  # a cycle of best heads far above
+            # every other arc: the rescaled Laplacian is nearly singular (not kept)
+            lengths[2] = size
+        real = torch.arange(size) < lengths[:, None]
+        for mask in (None, real):
+            want = _lu_operations(scores, mask, multiroot, 1e7, True)
+            got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True, method)
+            assert got[3].tolist() == want[3].tolist()  # the same items kept
+            keep = want[3]
+            if batch > 2:
+                assert keep.tolist()[:3] == [True, False, False]
+            torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=0)  # weights
+            torch.testing.assert_close(got[0][keep], want[0][keep], rtol=1e-12, atol=1e-12)
+            scale = want[2][keep].abs().amax(dim=(1, 2), keepdim=True).clamp(min=1)
+            torch.testing.assert_close(
+                got[2][keep] / scale, want[2][keep] / scale, rtol=0, atol=1e-12
+            )
+    with pytest.raises(RuntimeError, match="method"):
+        module.matrix_tree_lu(scores, None, multiroot, 1e7, True, 3)
+
+
 def test_slow_build_is_announced(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,12 +1,30 @@
 // The LU path of the matrix-tree theorem for non-projective trees (_lu_path in
 // nonprojective.py: read the comments there), in ATen with the batch split into one chunk
-// per thread: the batched LU and inverse are a sequential loop of small LAPACK calls over
-// the batch, so independent chunks are what uses the cores.
+// per thread. The inverse of the Laplacians is either LAPACK's (LU, then a solve with the
+// identity: a sequential loop of small calls over the batch) or Gauss-Jordan elimination
+// with the same partial pivoting, written here for kLanes matrices at once, one in each
+// lane of a SIMD vector (so every matrix size vectorises the same way): for B = 32 matrices
+// of n = 9..79 that measured 4x (n <= 19) to 1.6x (n = 79) faster than the LAPACK calls.
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <vector>
 
 #include "_kernels.h"
+
+// GCC and clang vector extensions; on x86-64 Linux with GCC >= 12 the elimination is
+// compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the CPU
+#if defined(__GNUC__)
+#define STRUCTATTN_GAUSS_JORDAN 1
+#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__) && __GNUC__ >= 12
+#define STRUCTATTN_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+constexpr bool kClones = true;
+#else
+#define STRUCTATTN_CLONES
+constexpr bool kClones = false;
+#endif
+#endif
 
 namespace structattn {
 namespace {
@@ -14,10 +32,119 @@ namespace {
 using at::Tensor;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+#ifdef STRUCTATTN_GAUSS_JORDAN
+constexpr int64_t kLanes = 8;
+// kLanes doubles, one per matrix (one AVX-512 register, two AVX2 ones); aligned(8): the
+// buffers holding them are only guaranteed the alignment of a double
+typedef double Lanes __attribute__((vector_size(kLanes * sizeof(double)), aligned(8)));
+
+// In place, kLanes matrices a[i * n + j][lane] -> their inverses by Gauss-Jordan elimination
+// with partial pivoting (the pivots of an LU with partial pivoting, whose log-magnitudes
+// are added to logdet[lane]); swaps [n * kLanes] is scratch. A zero pivot (a singular
+// matrix) leaves inf or NaN entries, which the caller's condition-number test rejects.
+STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
+  for (int64_t k = 0; k < n; ++k) {
+    Lanes* row = a + k * n;
+    for (int64_t lane = 0; lane < kLanes; ++lane) {  // pivot: largest |a[i][k]|, i >= k
+      int64_t p = k;
+      double best = std::abs(row[k][lane]);
+      for (int64_t i = k + 1; i < n; ++i) {
+        const double v = std::abs(a[i * n + k][lane]);
+        if (v > best) {
+          best = v;
+          p = i;
+        }
+      }
+      swaps[k * kLanes + lane] = p;
+      for (int64_t j = 0; p != k && j < n; ++j) std::swap(row[j][lane], a[p * n + j][lane]);
+      logdet[lane] += std::log(std::abs(row[k][lane]));
+    }
+    const Lanes scale = 1.0 / row[k];
+    row[k] = Lanes{} + 1.0;  // the pivot's column becomes that of the inverse
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == k) continue;
+      Lanes* other = a + i * n;
+      const Lanes factor = other[k];
+      other[k] = Lanes{};
+      for (int64_t j = 0; j < n; ++j) other[j] -= factor * row[j];
+    }
+  }
+  for (int64_t k = n - 1; k >= 0; --k) {  // the row swaps become column swaps of the inverse
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      const int64_t p = swaps[k * kLanes + lane];
+      for (int64_t i = 0; p != k && i < n; ++i) std::swap(a[i * n + k][lane], a[i * n + p][lane]);
+    }
+  }
+}
+
+// The Laplacians of ``weights`` [B, N, n] (as in _laplacian of nonprojective.py; ``padding``
+// [B, n] or nullptr: 1 at padding words), inverted kLanes at a time (the last group padded
+// with identities) in the calling thread: writes inverse [B, n, n] float64, logdet [B]
+// (log|det L|) and cond [B] (the 1-norm condition number bound ||L^-1||_1 * max column sum)
+template <typename scalar_t>
+void laplacian_inverse(const scalar_t* weights, const bool* padding, int64_t batch, int64_t n,
+                       bool multiroot, double* inverse, double* logdet, double* cond) {
+  const int64_t area = n * n, stride = (n + 1) * n;  // one item of inverse, of weights
+  std::vector<Lanes> a(area);
+  std::vector<int64_t> swaps(n * kLanes);
+  for (int64_t first = 0; first < batch; first += kLanes) {
+    const int64_t count = std::min(kLanes, batch - first);
+    double norm[kLanes] = {}, sums[kLanes] = {};
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      if (lane >= count) {  // an identity
+        for (int64_t e = 0; e < area; ++e) a[e][lane] = (e % (n + 1) == 0);
+        continue;
+      }
+      const scalar_t* w = weights + (first + lane) * stride;  // w[h * n + m]: h -> word m + 1
+      const bool* pad = padding ? padding + (first + lane) * n : nullptr;
+      for (int64_t h = 1; h <= n; ++h) {
+        for (int64_t m = 0; m < n; ++m) a[(h - 1) * n + m][lane] = -double(w[h * n + m]);
+      }
+      for (int64_t m = 0; m < n; ++m) {  // the diagonal: column sums (a self loop weighs 0)
+        double incoming = pad && pad[m] ? 1.0 : 0.0;
+        for (int64_t h = multiroot ? 0 : 1; h <= n; ++h) incoming += double(w[h * n + m]);
+        a[m * n + m][lane] += incoming;
+        norm[lane] = std::max(norm[lane], multiroot ? incoming : incoming + double(w[m]));
+      }
+      if (!multiroot) {
+        for (int64_t m = 0; m < n; ++m) a[m][lane] = double(w[m]);  // first row := rho
+      }
+    }
+    gauss_jordan(a.data(), n, sums, swaps.data());
+    for (int64_t lane = 0; lane < count; ++lane) {
+      double* out = inverse + (first + lane) * area;
+      for (int64_t e = 0; e < area; ++e) out[e] = a[e][lane];
+      double largest = 0.0;  // ||L^-1||_1: the largest column sum of |L^-1| (NaN if singular)
+      for (int64_t m = 0; m < n; ++m) {
+        double column = 0.0;
+        for (int64_t h = 0; h < n; ++h) column += std::abs(out[h * n + m]);
+        largest = std::isnan(column) || std::isnan(largest) ? kNaN : std::max(largest, column);
+      }
+      logdet[first + lane] = sums[lane];
+      cond[first + lane] = largest * norm[lane];
+    }
+  }
+}
+#endif
+
+// Gauss-Jordan (method 1) or LAPACK (method 2); method 0 picks: Gauss-Jordan where it is
+// compiled for the CPU's vector units, else for small matrices only (measured crossover
+// with baseline SSE2 code: between n = 40 and 80)
+bool use_gauss_jordan(int64_t method, int64_t n) {
+#ifdef STRUCTATTN_GAUSS_JORDAN
+  return method == 1 || (method == 0 && (kClones || n <= 40));
+#else
+  TORCH_CHECK(method != 1, "Gauss-Jordan inversion is not compiled in (needs GCC or clang)");
+  return false;
+#endif
+}
 
 // (log Z or an empty tensor, weights [B, N, n], inverse [B, n, n] float64, keep [B])
 std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& real,
-                            bool multiroot, double max_cond, bool need_logz) {
+                            bool multiroot, double max_cond, bool need_logz, int64_t method) {
   const int64_t size = scores.size(1), words = size - 1;
   const auto dtype = at::promote_types(scores.scalar_type(), at::kFloat);
   Tensor weights = at::empty({scores.size(0), size, words}, scores.options().dtype(dtype));
@@ -31,19 +158,42 @@ std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& r
   Tensor shift = weights.amax({1}, true);  // [B, 1, n]
   shift.nan_to_num_(0.0, c10::nullopt, 0.0);
   weights.sub_(shift).exp_();
-  Tensor lap = weights.narrow(1, 1, words).to(at::kDouble, false, true, at::MemoryFormat::Contiguous).neg_();  // [B, n, n]
-  Tensor incoming = (multiroot ? weights : weights.narrow(1, 1, words))
-                        .sum({1}, false, at::kDouble);  // [B, n]
-  if (real) incoming.add_(real->narrow(1, 1, words).logical_not());
-  lap.diagonal(0, 1, 2).add_(incoming);
-  if (!multiroot) lap.select(1, 0).copy_(weights.select(1, 0));  // first row := rho
-  auto [factor, pivots, info] = at::linalg_lu_factor_ex(lap);
-  Tensor eye = at::eye(words, lap.options());
-  Tensor inverse = at::linalg_lu_solve(factor, pivots, eye.expand_as(lap));
-  Tensor norm = multiroot ? incoming : incoming + weights.select(1, 0);
-  Tensor keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)).le(max_cond / 2);
-  Tensor logz = need_logz ? factor.diagonal(0, 1, 2).abs().log_().add_(shift.squeeze(1)).sum(-1)
-                          : at::empty({0}, lap.options());
+  Tensor inverse, logdet, keep;
+#ifdef STRUCTATTN_GAUSS_JORDAN
+  if (use_gauss_jordan(method, words)) {
+    const int64_t batch = scores.size(0);
+    inverse = at::empty({batch, words, words}, scores.options().dtype(at::kDouble));
+    logdet = at::empty({batch}, inverse.options());
+    Tensor cond = at::empty({batch}, inverse.options());
+    const Tensor padding =
+        real ? real->narrow(1, 1, words).logical_not().contiguous() : Tensor();
+    AT_DISPATCH_FLOATING_TYPES(dtype, "matrix_tree_lu", [&] {
+      laplacian_inverse<scalar_t>(weights.data_ptr<scalar_t>(),
+                                  real ? padding.data_ptr<bool>() : nullptr, batch, words,
+                                  multiroot, inverse.data_ptr<double>(),
+                                  logdet.data_ptr<double>(), cond.data_ptr<double>());
+    });
+    keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum
+  }
+#endif
+  if (!inverse.defined()) {
+    Tensor lap = weights.narrow(1, 1, words)
+                     .to(at::kDouble, false, true, at::MemoryFormat::Contiguous)
+                     .neg_();  // [B, n, n]
+    Tensor incoming = (multiroot ? weights : weights.narrow(1, 1, words))
+                          .sum({1}, false, at::kDouble);  // [B, n]
+    if (real) incoming.add_(real->narrow(1, 1, words).logical_not());
+    lap.diagonal(0, 1, 2).add_(incoming);
+    if (!multiroot) lap.select(1, 0).copy_(weights.select(1, 0));  // first row := rho
+    auto [factor, pivots, info] = at::linalg_lu_factor_ex(lap);
+    Tensor eye = at::eye(words, lap.options());
+    inverse = at::linalg_lu_solve(factor, pivots, eye.expand_as(lap));
+    if (need_logz) logdet = factor.diagonal(0, 1, 2).abs().log_().sum(-1);
+    Tensor norm = multiroot ? incoming : incoming + weights.select(1, 0);
+    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)).le(max_cond / 2);
+  }
+  Tensor logz = need_logz ? logdet.add_(shift.sum({1, 2}, false, at::kDouble))
+                          : at::empty({0}, inverse.options());
   return {logz, weights, inverse, keep};
 }
 
@@ -117,13 +267,15 @@ Tensor matrix_tree_marginals_backward(const Tensor& grad, const Tensor& weights,
 }
 
 std::vector<Tensor> matrix_tree_lu(const Tensor& scores, const c10::optional<Tensor>& real,
-                                   bool multiroot, double max_cond, bool need_logz) {
+                                   bool multiroot, double max_cond, bool need_logz,
+                                   int64_t method) {
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
+  TORCH_CHECK(method >= 0 && method <= 2, "method must be 0 (auto), 1 or 2");
   const std::vector<int64_t> starts = chunk_starts(scores.size(0));
   std::vector<std::vector<Tensor>> parts(starts.size() - 1);
   for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
     parts[i] = lu_path(scores.narrow(0, start, length), narrow(real, start, length), multiroot,
-                       max_cond, need_logz);
+                       max_cond, need_logz, method);
   });
   std::vector<Tensor> out;
   for (size_t k = 0; k < 4; ++k) {
@@ -138,7 +290,7 @@ void bind_matrix_tree(pybind11::module& m) {
   m.def("matrix_tree_lu", &matrix_tree_lu,
         "(log Z or empty, weights, inverse, keep): the LU path of nonprojective.py",
         pybind11::arg("scores"), pybind11::arg("real"), pybind11::arg("multiroot"),
-        pybind11::arg("max_cond"), pybind11::arg("need_logz"),
+        pybind11::arg("max_cond"), pybind11::arg("need_logz"), pybind11::arg("method") = 0,
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("matrix_tree_marginals", &matrix_tree_marginals,
         "marginals [B, N, N] (times scale [B]) from the weights and inverse Laplacian",
