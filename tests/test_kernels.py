@@ -3,6 +3,7 @@ and how they are built, required, turned off and replaced when they cannot be bu
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 
@@ -188,21 +189,28 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
 
 
 @pytest.mark.usefixtures("built_kernels")
-@pytest.mark.parametrize("method", [1, 2], ids=["gauss-jordan", "lapack"])
+@pytest.mark.parametrize("method", [0, 1, 2], ids=["auto", "gauss-jordan", "lapack"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_matrix_tree_inversions_equal_the_pytorch_code(
     method: int, multiroot: bool, dtype: torch.dtype
 ) -> None:
-    """Both inversions of the kernels' LU path (Gauss-Jordan on SIMD lanes, LAPACK) give the
-    log-determinant, inverse and kept items of the PyTorch code: batches that do and do not
-    fill the lanes, one word, padding, items with no tree and ill-conditioned items."""
+    """Both inversions of the kernels' LU path (Gauss-Jordan on SIMD lanes, LAPACK) and their
+    automatic mix (a chunk's last, partial group of eight goes to LAPACK when it holds few
+    items) give the log-determinant, inverse and kept items of the PyTorch code: batches
+    that do and do not fill the lanes, one word, padding, items with no tree and
+    ill-conditioned items."""
     from structattn.structs.nonprojective import _lu_operations
 
     module = kernels(torch.zeros(1, dtype=dtype))
     assert module is not None
     gen = torch.Generator().manual_seed(method)
-    for batch, size in [(1, 2), (7, 5), (8, 9), (19, 16), (0, 4)]:
+    threads = torch.get_num_threads()
+    # (9, 82) and (10, 82): one chunk of 8 + 1 or 8 + 2 items, the remainder below
+    # 1 + 81 // 20 = 5 (LAPACK), or two chunks of 4 + 5 or 5 + 5 items
+    cases = [(1, 2), (7, 5), (8, 9), (19, 16), (0, 4), (9, 82), (10, 82)]
+    for (batch, size), chunks in itertools.product(cases, (1, 2)):
+        torch.set_num_threads(chunks)
         scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
         lengths = torch.randint(2, size + 1, (batch,), generator=gen)
         if batch > 2:
@@ -224,6 +232,7 @@ def test_matrix_tree_inversions_equal_the_pytorch_code(
             torch.testing.assert_close(
                 got[2][keep] / scale, want[2][keep] / scale, rtol=0, atol=1e-12
             )
+    torch.set_num_threads(threads)
     with pytest.raises(RuntimeError, match="method"):
         module.matrix_tree_lu(scores, None, multiroot, 1e7, True, 3)
 

@@ -34,8 +34,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 #ifdef STRUCTATTN_GAUSS_JORDAN
 constexpr int64_t kLanes = 8;
-// kLanes doubles, one per matrix (one AVX-512 register, two AVX2 ones); aligned(8): the
-// buffers holding them are only guaranteed the alignment of a double
+// kLanes doubles, one per matrix (one AVX-512 register, two AVX2 ones); aligned(8): loads
+// and stores may not assume 64-byte alignment (the AVX-512 clone crashed without it)
 typedef double Lanes __attribute__((vector_size(kLanes * sizeof(double)), aligned(8)));
 
 // x[lane] <-> y[lane] (clang binds no reference to a vector element, so no std::swap)
@@ -46,8 +46,8 @@ inline void swap_lane(Lanes& x, Lanes& y, int64_t lane) {
 }
 
 // In place, kLanes matrices a[i * n + j][lane] -> their inverses by Gauss-Jordan elimination
-// with partial pivoting (the pivots of an LU with partial pivoting, whose log-magnitudes
-// are added to logdet[lane]); swaps [n * kLanes] is scratch. A zero pivot (a singular
+// with partial pivoting (the pivots an LU with partial pivoting chooses, the same as
+// LAPACK's but for rounding near ties; their log-magnitudes are added to logdet[lane]); swaps [n * kLanes] is scratch. A zero pivot (a singular
 // matrix) leaves inf or NaN entries, which the caller's condition-number test rejects.
 STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
   for (int64_t k = 0; k < n; ++k) {
@@ -135,24 +135,59 @@ void laplacian_inverse(const scalar_t* weights, const bool* padding, int64_t bat
 }
 #endif
 
-// Gauss-Jordan (method 1) or LAPACK (method 2); method 0 picks Gauss-Jordan wherever it is
-// compiled in (measured on this CPU, B = 32: even as baseline SSE2 code, built by clang,
-// it is about as fast as LAPACK at n = 39 and 1.1-1.2x faster at n = 59 and 79)
-bool use_gauss_jordan(int64_t method) {
+c10::optional<Tensor> narrow(const c10::optional<Tensor>& x, int64_t start, int64_t length) {
+  if (!x) return c10::nullopt;
+  return x->narrow(0, start, length);
+}
+
+// (inverse [B, n, n] float64, log|det| [B], condition bound [B]) of the Laplacians of
+// ``weights`` [B, N, n] by LAPACK: an LU, then a solve with the identity
+std::tuple<Tensor, Tensor, Tensor> lapack_inverse(const Tensor& weights,
+                                                  const c10::optional<Tensor>& real,
+                                                  bool multiroot) {
+  const int64_t words = weights.size(2);
+  Tensor lap = weights.narrow(1, 1, words)
+                   .to(at::kDouble, false, true, at::MemoryFormat::Contiguous)
+                   .neg_();  // [B, n, n]
+  Tensor incoming = (multiroot ? weights : weights.narrow(1, 1, words))
+                        .sum({1}, false, at::kDouble);  // [B, n]
+  if (real) incoming.add_(real->narrow(1, 1, words).logical_not());
+  lap.diagonal(0, 1, 2).add_(incoming);
+  if (!multiroot) lap.select(1, 0).copy_(weights.select(1, 0));  // first row := rho
+  auto [factor, pivots, info] = at::linalg_lu_factor_ex(lap);
+  Tensor eye = at::eye(words, lap.options());
+  Tensor inverse = at::linalg_lu_solve(factor, pivots, eye.expand_as(lap));
+  Tensor logdet = factor.diagonal(0, 1, 2).abs().log_().sum(-1);
+  Tensor norm = multiroot ? incoming : incoming + weights.select(1, 0);
+  Tensor cond = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1));  // NaN if singular
+  return {inverse, logdet, cond};
+}
+
+// How many leading items of a chunk of ``batch`` Laplacians of n words Gauss-Jordan inverts;
+// the rest go to LAPACK. Method 1: all; 2: none; 0: every full group of kLanes, and the
+// last, partial group if it holds at least 1 + n / 20 items (a group costs the same however
+// many of its lanes are used; measured on this CPU, AVX-512, 1 thread: Gauss-Jordan beat
+// that many LAPACK calls from 1 item at n = 9 and 19, 2 at n = 39, 4 at n = 79), and none
+// above n = 384 (a full group was 1.3x faster than LAPACK at n = 319, 1.5-2x slower at
+// n = 499: its 64 n^2 bytes, streamed once per pivot, outgrow the caches).
+int64_t gauss_jordan_items(int64_t method, int64_t batch, int64_t n) {
 #ifdef STRUCTATTN_GAUSS_JORDAN
-  return method != 2;
+  if (method != 0) return method == 1 ? batch : 0;
+  if (n > 384) return 0;
+  const int64_t full = batch / kLanes * kLanes;
+  return batch - full >= std::min<int64_t>(kLanes, 1 + n / 20) ? batch : full;
 #else
   TORCH_CHECK(method != 1, "Gauss-Jordan inversion is not compiled in (needs GCC or clang)");
-  return false;
+  return 0;
 #endif
 }
 
 // (log Z or an empty tensor, weights [B, N, n], inverse [B, n, n] float64, keep [B])
 std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& real,
                             bool multiroot, double max_cond, bool need_logz, int64_t method) {
-  const int64_t size = scores.size(1), words = size - 1;
+  const int64_t batch = scores.size(0), size = scores.size(1), words = size - 1;
   const auto dtype = at::promote_types(scores.scalar_type(), at::kFloat);
-  Tensor weights = at::empty({scores.size(0), size, words}, scores.options().dtype(dtype));
+  Tensor weights = at::empty({batch, size, words}, scores.options().dtype(dtype));
   weights.copy_(scores.narrow(2, 1, words));
   weights.diagonal(-1, 1, 2).fill_(kNegInf);  // self loops: weights[:, m, m - 1]
   if (real) {
@@ -163,40 +198,31 @@ std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& r
   Tensor shift = weights.amax({1}, true);  // [B, 1, n]
   shift.nan_to_num_(0.0, c10::nullopt, 0.0);
   weights.sub_(shift).exp_();
-  Tensor inverse, logdet, keep;
+  Tensor inverse = at::empty({batch, words, words}, scores.options().dtype(at::kDouble));
+  Tensor logdet = at::empty({batch}, inverse.options());
+  Tensor cond = at::empty({batch}, inverse.options());
+  const int64_t split = gauss_jordan_items(method, batch, words);  // [0, split): Gauss-Jordan
 #ifdef STRUCTATTN_GAUSS_JORDAN
-  if (use_gauss_jordan(method)) {
-    const int64_t batch = scores.size(0);
-    inverse = at::empty({batch, words, words}, scores.options().dtype(at::kDouble));
-    logdet = at::empty({batch}, inverse.options());
-    Tensor cond = at::empty({batch}, inverse.options());
+  if (split > 0) {
     const Tensor padding =
         real ? real->narrow(1, 1, words).logical_not().contiguous() : Tensor();
     AT_DISPATCH_FLOATING_TYPES(dtype, "matrix_tree_lu", [&] {
       laplacian_inverse<scalar_t>(weights.data_ptr<scalar_t>(),
-                                  real ? padding.data_ptr<bool>() : nullptr, batch, words,
+                                  real ? padding.data_ptr<bool>() : nullptr, split, words,
                                   multiroot, inverse.data_ptr<double>(),
                                   logdet.data_ptr<double>(), cond.data_ptr<double>());
     });
-    keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum
   }
 #endif
-  if (!inverse.defined()) {
-    Tensor lap = weights.narrow(1, 1, words)
-                     .to(at::kDouble, false, true, at::MemoryFormat::Contiguous)
-                     .neg_();  // [B, n, n]
-    Tensor incoming = (multiroot ? weights : weights.narrow(1, 1, words))
-                          .sum({1}, false, at::kDouble);  // [B, n]
-    if (real) incoming.add_(real->narrow(1, 1, words).logical_not());
-    lap.diagonal(0, 1, 2).add_(incoming);
-    if (!multiroot) lap.select(1, 0).copy_(weights.select(1, 0));  // first row := rho
-    auto [factor, pivots, info] = at::linalg_lu_factor_ex(lap);
-    Tensor eye = at::eye(words, lap.options());
-    inverse = at::linalg_lu_solve(factor, pivots, eye.expand_as(lap));
-    if (need_logz) logdet = factor.diagonal(0, 1, 2).abs().log_().sum(-1);
-    Tensor norm = multiroot ? incoming : incoming + weights.select(1, 0);
-    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)).le(max_cond / 2);
+  if (split < batch) {
+    const int64_t rest = batch - split;
+    auto [inv, det, bound] = lapack_inverse(
+        weights.narrow(0, split, rest), narrow(real, split, rest), multiroot);
+    inverse.narrow(0, split, rest).copy_(inv);
+    logdet.narrow(0, split, rest).copy_(det);
+    cond.narrow(0, split, rest).copy_(bound);
   }
+  Tensor keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum; NaN: not kept
   Tensor logz = need_logz ? logdet.add_(shift.sum({1, 2}, false, at::kDouble))
                           : at::empty({0}, inverse.options());
   return {logz, weights, inverse, keep};
@@ -246,11 +272,6 @@ Tensor marginals_backward(const Tensor& grad, const Tensor& weights, const Tenso
   return out;
 }
 
-c10::optional<Tensor> narrow(const c10::optional<Tensor>& x, int64_t start, int64_t length) {
-  if (!x) return c10::nullopt;
-  return x->narrow(0, start, length);
-}
-
 }  // namespace
 
 Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const Tensor& inverse,
@@ -276,6 +297,7 @@ std::vector<Tensor> matrix_tree_lu(const Tensor& scores, const c10::optional<Ten
                                    int64_t method) {
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
   TORCH_CHECK(method >= 0 && method <= 2, "method must be 0 (auto), 1 or 2");
+  TORCH_CHECK(scores.device().is_cpu(), "matrix_tree_lu: CPU tensors only");
   const std::vector<int64_t> starts = chunk_starts(scores.size(0));
   std::vector<std::vector<Tensor>> parts(starts.size() - 1);
   for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
