@@ -221,9 +221,11 @@ def test_matrix_tree_inversions_equal_the_pytorch_code(
         real = torch.arange(size) < lengths[:, None]
         for mask in (None, real):
             want = _lu_operations(scores, mask, multiroot, 1e7, True)
-            got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True, method)
+            got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True, method, 20.0)
             assert got[3].tolist() == want[3].tolist()  # the same items kept
             keep = want[3]
+            assert got[4].tolist() == (keep & (want[4] > 20.0)).tolist()  # precise
+            assert got[5:] == (bool(keep.all()), bool(got[4].any()))
             if batch > 2:
                 assert keep.tolist()[:3] == [True, False, False]
             torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=0)  # weights

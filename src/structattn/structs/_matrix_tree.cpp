@@ -182,7 +182,8 @@ int64_t gauss_jordan_items(int64_t method, int64_t batch, int64_t n) {
 #endif
 }
 
-// (log Z or an empty tensor, weights [B, N, n], inverse [B, n, n] float64, keep [B])
+// (log Z or an empty tensor, weights [B, N, n], inverse [B, n, n] float64, keep [B], the
+// condition number bound [B] float64)
 std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& real,
                             bool multiroot, double max_cond, bool need_logz, int64_t method) {
   const int64_t batch = scores.size(0), size = scores.size(1), words = size - 1;
@@ -225,7 +226,7 @@ std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& r
   Tensor keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum; NaN: not kept
   Tensor logz = need_logz ? logdet.add_(shift.sum({1, 2}, false, at::kDouble))
                           : at::empty({0}, inverse.options());
-  return {logz, weights, inverse, keep};
+  return {logz, weights, inverse, keep, cond};
 }
 
 // Phi*(Y^T) [B, N, n] (see _adjoint_coefficients in nonprojective.py)
@@ -257,19 +258,36 @@ Tensor marginals(const Tensor& scores, const Tensor& weights, const Tensor& inve
   return out;
 }
 
-// d loss / d scores = G * mu - W * Phi*((Y A Y)^T), A = Phi(G * W) (first order)
-Tensor marginals_backward(const Tensor& grad, const Tensor& weights, const Tensor& inverse,
-                          const Tensor& marginals, bool multiroot) {
-  const int64_t words = weights.size(2);
-  Tensor scaled = grad.narrow(2, 1, words) * weights;  // [B, N, n]
-  Tensor lap = scaled.narrow(1, 1, words).neg();       // [B, n, n]
+// d loss / d scores = G * mu - W * Phi*((Y A Y)^T), A = Phi(G * W) (first order), computed
+// in ``dtype`` (see _marginals_backward in nonprojective.py)
+Tensor marginals_backward(const Tensor& grad, const Tensor& weights_in, const Tensor& inverse,
+                          const Tensor& marginals, bool multiroot, at::ScalarType dtype) {
+  const int64_t words = weights_in.size(2);
+  const Tensor weights = weights_in.to(dtype);
+  Tensor scaled = grad.narrow(2, 1, words).to(dtype) * weights;  // [B, N, n]
+  Tensor lap = scaled.narrow(1, 1, words).neg();                 // [B, n, n]
   lap.diagonal(0, 1, 2).add_((multiroot ? scaled : scaled.narrow(1, 1, words)).sum(1));
   if (!multiroot && words > 0) lap.select(1, 0).copy_(scaled.select(1, 0));
-  Tensor inv = inverse.to(weights.scalar_type());
+  Tensor inv = inverse.to(dtype);
   Tensor coef = adjoint_coefficients(at::bmm(at::bmm(inv, lap), inv), multiroot);
-  Tensor out = grad * marginals;
+  Tensor out = grad.to(dtype) * marginals.to(dtype);
   out.narrow(2, 1, words).sub_(coef.mul_(weights));
-  return out;
+  return out.to(grad.scalar_type());
+}
+
+// The same in the weights' dtype, then again in float64 for the items marked ``precise``
+// (ill-conditioned: float32 matmuls would lose about cond * 1e-8 of the gradient's scale)
+Tensor marginals_backward_mixed(const Tensor& grad, const Tensor& weights, const Tensor& inverse,
+                                const Tensor& marginals, bool multiroot,
+                                const c10::optional<Tensor>& precise) {
+  Tensor out =
+      marginals_backward(grad, weights, inverse, marginals, multiroot, weights.scalar_type());
+  if (!precise || weights.scalar_type() == at::kDouble) return out;
+  const Tensor index = precise->nonzero().squeeze(1);
+  if (index.numel() == 0) return out;
+  const auto pick = [&](const Tensor& t) { return t.index_select(0, index); };
+  return out.index_copy_(0, index, marginals_backward(pick(grad), pick(weights), pick(inverse),
+                                                      pick(marginals), multiroot, at::kDouble));
 }
 
 }  // namespace
@@ -284,17 +302,20 @@ Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const 
 
 Tensor matrix_tree_marginals_backward(const Tensor& grad, const Tensor& weights,
                                       const Tensor& inverse, const Tensor& marginals,
-                                      bool multiroot) {
+                                      bool multiroot, const c10::optional<Tensor>& precise) {
   return chunked(chunk_starts(grad.size(0)), [&](int64_t, int64_t start, int64_t length) {
-    return marginals_backward(grad.narrow(0, start, length), weights.narrow(0, start, length),
-                              inverse.narrow(0, start, length),
-                              marginals.narrow(0, start, length), multiroot);
+    return marginals_backward_mixed(
+        grad.narrow(0, start, length), weights.narrow(0, start, length),
+        inverse.narrow(0, start, length), marginals.narrow(0, start, length), multiroot,
+        narrow(precise, start, length));
   });
 }
 
-std::vector<Tensor> matrix_tree_lu(const Tensor& scores, const c10::optional<Tensor>& real,
-                                   bool multiroot, double max_cond, bool need_logz,
-                                   int64_t method) {
+// (log Z or empty, weights, inverse, keep, precise = keep & (cond > precise_cond), every item
+// kept, any item precise): the flags are read here, so that Python needs no host sync
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool> matrix_tree_lu(
+    const Tensor& scores, const c10::optional<Tensor>& real, bool multiroot, double max_cond,
+    bool need_logz, int64_t method, double precise_cond) {
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
   TORCH_CHECK(method >= 0 && method <= 2, "method must be 0 (auto), 1 or 2");
   TORCH_CHECK(scores.device().is_cpu(), "matrix_tree_lu: CPU tensors only");
@@ -305,19 +326,32 @@ std::vector<Tensor> matrix_tree_lu(const Tensor& scores, const c10::optional<Ten
                        max_cond, need_logz, method);
   });
   std::vector<Tensor> out;
-  for (size_t k = 0; k < 4; ++k) {
+  for (size_t k = 0; k < 5; ++k) {
     std::vector<Tensor> pieces;
     for (const auto& p : parts) pieces.push_back(p[k]);
     out.push_back(k == 0 && !need_logz ? pieces[0] : cat_chunks(pieces));
   }
-  return out;
+  const Tensor keep = out[3].contiguous(), cond = out[4].contiguous();
+  Tensor precise = at::empty_like(keep);
+  const bool* kept = keep.data_ptr<bool>();
+  const double* bound = cond.data_ptr<double>();
+  bool* fine = precise.data_ptr<bool>();
+  bool all_kept = true, any_precise = false;
+  for (int64_t b = 0; b < keep.numel(); ++b) {
+    fine[b] = kept[b] && bound[b] > precise_cond;
+    all_kept = all_kept && kept[b];
+    any_precise = any_precise || fine[b];
+  }
+  return {out[0], out[1], out[2], keep, precise, all_kept, any_precise};
 }
 
 void bind_matrix_tree(pybind11::module& m) {
   m.def("matrix_tree_lu", &matrix_tree_lu,
-        "(log Z or empty, weights, inverse, keep): the LU path of nonprojective.py",
+        "(log Z or empty, weights, inverse, keep, precise, all kept, any precise): the LU path "
+        "of nonprojective.py",
         pybind11::arg("scores"), pybind11::arg("real"), pybind11::arg("multiroot"),
         pybind11::arg("max_cond"), pybind11::arg("need_logz"), pybind11::arg("method") = 0,
+        pybind11::arg("precise_cond") = std::numeric_limits<double>::infinity(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("matrix_tree_marginals", &matrix_tree_marginals,
         "marginals [B, N, N] (times scale [B]) from the weights and inverse Laplacian",
@@ -325,9 +359,10 @@ void bind_matrix_tree(pybind11::module& m) {
         pybind11::arg("multiroot"), pybind11::arg("scale"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("matrix_tree_marginals_backward", &matrix_tree_marginals_backward,
-        "first-order backward of the marginals (closed form, two batched matmuls)",
+        "first-order backward of the marginals (closed form, two batched matmuls; float64 for "
+        "the items marked precise)",
         pybind11::arg("grad"), pybind11::arg("weights"), pybind11::arg("inverse"),
-        pybind11::arg("marginals"), pybind11::arg("multiroot"),
+        pybind11::arg("marginals"), pybind11::arg("multiroot"), pybind11::arg("precise"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 

@@ -22,7 +22,9 @@ m, so dividing it by :math:`e^{c_m}`, :math:`c_m = \max_h s_{hm}`, rescales det 
 Every item's rescaled L is factorised (batched LU, float64) and inverted: log Z is the log
 of the pivots' product plus :math:`\sum_m c_m`, the marginals come in closed form from the
 inverse (Koo et al. 2007), and the gradient of a loss on the marginals (second order) by a
-hand-written formula with two batched matmuls; derivatives of any order stay exact. (The
+hand-written formula with two batched matmuls (in float32 for float32 scores, in float64
+for the items whose condition number exceeds 1e3, where float32 would lose about
+cond * 1e-8 of the gradient); derivatives of any order stay exact. (The
 C++ kernels invert by Gauss-Jordan elimination with the same partial pivoting, eight
 matrices at once in the lanes of SIMD vectors, instead of LAPACK's LU and solve.) This is
 trusted only for items whose 1-norm condition number is small (<= 1e4 for float64 scores,
@@ -238,11 +240,37 @@ def _live_weights_and_inverse(
     return live, _KnownInverse.apply(lap, inverse.to(torch.float64))
 
 
+def _marginals_backward(
+    grad: Tensor,
+    weights: Tensor,
+    inverse: Tensor,
+    marginals: Tensor,
+    multiroot: bool,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """d loss / d scores [B, N, N] (in the dtype of ``grad``) for the gradient ``grad`` of a
+    loss on the marginals: G * mu - W * Phi*((Y A Y)^T) with A = Phi(G * W), computed in
+    ``dtype`` (default: the weights'; ported to C++ in ``_matrix_tree.cpp``)."""
+    dtype = weights.dtype if dtype is None else dtype
+    weights = weights.to(dtype)
+    scaled = grad[:, :, 1:].to(dtype) * weights  # [B, N, n]
+    lap = scaled[:, 1:].neg()  # [B, n, n] A: a copy, then completed in place
+    lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
+    if not multiroot:
+        lap[:, 0] = scaled[:, 0]
+    inverse = inverse.to(dtype)
+    coef = _adjoint_coefficients(torch.bmm(torch.bmm(inverse, lap), inverse), multiroot)
+    out = grad.to(dtype) * marginals.to(dtype)
+    out[:, :, 1:] -= coef.mul_(weights)
+    return out.to(grad.dtype)
+
+
 class _TreeMarginals(torch.autograd.Function):
     """Marginals [B, N, N] (input dtype) from the weights and inverse Laplacian of
-    :func:`_lu_path`; backward by the closed form above (two batched matmuls).
-    When that backward is itself differentiated (third order), it is rebuilt from
-    differentiable ops on the scores, with the known inverse."""
+    :func:`_lu_path`; backward by the closed form above (two batched matmuls, in the weights'
+    dtype, and in float64 for the items marked ``precise``). When that backward is itself
+    differentiated (third order), it is rebuilt from differentiable ops on the scores, with
+    the known inverse."""
 
     @staticmethod
     def forward(
@@ -252,49 +280,47 @@ class _TreeMarginals(torch.autograd.Function):
         inverse: Tensor,
         real: Tensor | None,
         keep: Tensor | None,
+        precise: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
         out = _marginals(scores, weights, inverse, multiroot)
-        ctx.save_for_backward(scores, weights, inverse, real, keep, out)
+        ctx.save_for_backward(scores, weights, inverse, real, keep, precise, out)
         ctx.multiroot = multiroot
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, inverse, real, keep, marginals = ctx.saved_tensors
+        scores, weights, inverse, real, keep, precise, marginals = ctx.saved_tensors
         multiroot = ctx.multiroot
-        none = (None, None, None, None, None)
+        none = (None, None, None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
             live, inverse = _live_weights_and_inverse(scores, inverse, real, keep, multiroot)
             lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
             adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
             adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
             return grad * marginals - adj, *none
-        # A = Phi(G * W); d loss / d scores = G * mu - W * Phi*((Y A Y)^T), in the weights'
-        # dtype (float32 matmuls for float32 scores)
+        # in the weights' dtype (float32 matmuls for float32 scores), then again in float64
+        # for the ill-conditioned items (float32 would lose about cond * 1e-8 of the scale)
         kernels = compiled_kernels(grad)
         if kernels is not None:  # the same operations in C++, the batch split over the threads
             out = kernels.matrix_tree_marginals_backward(
-                grad, weights, inverse, marginals, multiroot
+                grad, weights, inverse, marginals, multiroot, precise
             )
             return out, *none
-        scaled = grad[:, :, 1:] * weights  # [B, N, n]
-        lap = scaled[:, 1:].neg()  # [B, n, n] A: a copy, then completed in place
-        lap.diagonal(dim1=1, dim2=2).add_((scaled if multiroot else scaled[:, 1:]).sum(1))
-        if not multiroot:
-            lap[:, 0] = scaled[:, 0]
-        inverse = inverse.to(weights.dtype)
-        coef = _adjoint_coefficients(torch.bmm(torch.bmm(inverse, lap), inverse), multiroot)
-        out = grad * marginals
-        out[:, :, 1:] -= coef.mul_(weights)
+        out = _marginals_backward(grad, weights, inverse, marginals, multiroot)
+        if precise is not None:
+            index = precise.nonzero().squeeze(1)
+            g, w, y, mu = (t.index_select(0, index) for t in (grad, weights, inverse, marginals))
+            out.index_copy_(0, index, _marginals_backward(g, w, y, mu, multiroot, torch.float64))
         return out, *none
 
 
 def _lu_operations(
     scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: bool
-) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor, Tensor]:
     """The operations of :func:`_lu_path` before the items are sorted out (ported to C++ in
-    ``_matrix_tree.cpp``): (log Z or None, weights, inverse, keep), every item as computed."""
+    ``_matrix_tree.cpp``): (log Z or None, weights, inverse, keep, cond: the 1-norm condition
+    number bound [B], NaN if singular), every item as computed."""
     dtype = torch.promote_types(scores.dtype, torch.float32)
     weights = scores[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
     weights.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: weights[:, m, m - 1]
@@ -314,11 +340,12 @@ def _lu_operations(
     inverse = torch.linalg.lu_solve(factor, pivots, eye.expand_as(lap))  # [B, n, n]
     # 1-norm condition number; ||L||_1 <= 2 max_m (rho_m + sum_h w_hm) (padding: 1 <= it)
     norm = incoming if multiroot else incoming + weights[:, 0]  # [B, n] column sums
-    keep = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1)) <= max_cond / 2  # NaN: False
+    cond = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1))
+    keep = cond <= max_cond / 2  # NaN: False
     logz = None
     if need_logz:
         logz = factor.diagonal(dim1=1, dim2=2).abs().log_().add_(shift.squeeze(1)).sum(-1)
-    return logz, weights, inverse, keep
+    return logz, weights, inverse, keep, cond
 
 
 @overload
@@ -328,19 +355,21 @@ def _lu_path(
     multiroot: bool,
     max_cond: float,
     need_logz: Literal[True] = ...,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]: ...
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]: ...
 @overload
 def _lu_path(
     scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: Literal[False]
-) -> tuple[None, Tensor, Tensor, Tensor | None]: ...
+) -> tuple[None, Tensor, Tensor, Tensor | None, Tensor | None]: ...
 def _lu_path(
     scores: Tensor, real: Tensor | None, multiroot: bool, max_cond: float, need_logz: bool = True
-) -> tuple[Tensor | None, Tensor, Tensor, Tensor | None]:
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor | None, Tensor | None]:
     r"""The LU of the column-rescaled Laplacian (not differentiable): (log Z [B] in the input
     dtype, or None if ``need_logz`` is False; weights W [B, N, n] = ``exp(s - shift)`` for the
     arcs into the words in the input dtype (at least float32; 0 at self loops and padding);
     the inverse :math:`L^{-1}` [B, n, n] float64; ``keep`` [B] bool, or None when every item
-    is kept).
+    is kept; ``precise`` [B] bool, the kept items whose condition number exceeds
+    ``_PRECISE_COND`` when W is not float64 (their backward of a loss on the marginals is
+    computed in float64), or None when there is none). One host sync.
 
     Column m of L holds only weights of arcs into m, so subtracting its best score
     :math:`c_m` rescales det L by :math:`e^{-c_m}` exactly and leaves every weight in [0, 1]
@@ -352,20 +381,25 @@ def _lu_path(
     like Z: no sign check is needed."""
     kernels = compiled_kernels(scores)
     if kernels is not None:  # the same operations in C++, the batch split over the threads
-        logz, weights, inverse, keep = kernels.matrix_tree_lu(
-            scores, real, multiroot, max_cond, need_logz
+        logz, weights, inverse, keep, precise, all_kept, any_precise = kernels.matrix_tree_lu(
+            scores, real, multiroot, max_cond, need_logz, precise_cond=_PRECISE_COND
         )
         logz = logz if need_logz else None
     else:
-        logz, weights, inverse, keep = _lu_operations(scores, real, multiroot, max_cond, need_logz)
-    if bool(keep.all()):
-        return None if logz is None else logz.to(scores.dtype), weights, inverse, None
+        logz, weights, inverse, keep, cond = _lu_operations(
+            scores, real, multiroot, max_cond, need_logz
+        )
+        precise = keep & (cond > _PRECISE_COND)
+        all_kept, any_precise = torch.stack([keep.all(), precise.any()]).tolist()
+    precise = precise if any_precise and weights.dtype != torch.float64 else None
+    if all_kept:
+        return None if logz is None else logz.to(scores.dtype), weights, inverse, None, precise
     eye = torch.eye(inverse.shape[-1], dtype=inverse.dtype, device=inverse.device)
     inverse = torch.where(keep[:, None, None], inverse, eye)
     weights.mul_(keep[:, None, None])
     if logz is not None:
         logz = logz.masked_fill(~keep, 0.0).to(scores.dtype)
-    return logz, weights, inverse, keep
+    return logz, weights, inverse, keep, precise
 
 
 class _LogPartition(torch.autograd.Function):
@@ -383,18 +417,21 @@ class _LogPartition(torch.autograd.Function):
         inverse: Tensor,
         real: Tensor | None,
         keep: Tensor | None,
+        precise: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
-        ctx.save_for_backward(scores, weights, inverse, real, keep)
+        ctx.save_for_backward(scores, weights, inverse, real, keep, precise)
         ctx.multiroot = multiroot
         return logz.clone()  # not a view: callers may modify it in place
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, inverse, real, keep = ctx.saved_tensors
-        none = (None, None, None, None, None, None)
+        scores, weights, inverse, real, keep, precise = ctx.saved_tensors
+        none = (None, None, None, None, None, None, None)
         if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
-            marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, ctx.multiroot)
+            marginals = _TreeMarginals.apply(
+                scores, weights, inverse, real, keep, precise, ctx.multiroot
+            )
             return grad[:, None, None] * marginals, *none
         return _marginals(scores, weights, inverse, ctx.multiroot, grad), *none
 
@@ -403,6 +440,10 @@ class _LogPartition(torch.autograd.Function):
 #: by input dtype; float64 arithmetic throughout, measured marginal error ~ cond * 4e-16
 _MAX_COND = {torch.float64: 1e4}
 _MAX_COND_DEFAULT = 1e7
+#: above this condition number the backward of a loss on the marginals runs in float64 for
+#: float32 scores (float32 matmuls lose about cond * 1e-8 of the gradient's scale: measured
+#: relative errors 3.5e-5 at cond 3.5e3, 4e-4 at 3e4, 2e-2 at 1.5e6)
+_PRECISE_COND = 1e3
 
 
 # ---- log-partition: exact log-space elimination (fallback) ---------------------------------
@@ -468,9 +509,13 @@ def matrix_tree_log_partition(
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
     with torch.no_grad():
-        logz, weights, inverse, keep = _lu_path(arc_scores.detach(), real, multiroot, max_cond)
+        logz, weights, inverse, keep, precise = _lu_path(
+            arc_scores.detach(), real, multiroot, max_cond
+        )
     if arc_scores.requires_grad and torch.is_grad_enabled():
-        logz = _LogPartition.apply(arc_scores, logz, weights, inverse, real, keep, multiroot)
+        logz = _LogPartition.apply(
+            arc_scores, logz, weights, inverse, real, keep, precise, multiroot
+        )
     if keep is not None:
         index, sub = _fallback_items(keep, lengths, size)
         exact = _eliminate(arc_scores.index_select(0, index), sub, multiroot)
@@ -498,11 +543,11 @@ def matrix_tree_marginals(
     differentiable = create_graph and arc_scores.requires_grad
     scores = arc_scores if differentiable else arc_scores.detach()
     with torch.no_grad():
-        _, weights, inverse, keep = _lu_path(
+        _, weights, inverse, keep, precise = _lu_path(
             scores.detach(), real, multiroot, max_cond, need_logz=False
         )
     with torch.set_grad_enabled(differentiable):
-        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, multiroot)
+        marginals = _TreeMarginals.apply(scores, weights, inverse, real, keep, precise, multiroot)
     if keep is None:
         return marginals
     index, sub = _fallback_items(keep, lengths, size)
