@@ -209,32 +209,34 @@ def test_matrix_tree_inversions_equal_the_pytorch_code(
     # (9, 82) and (10, 82): one chunk of 8 + 1 or 8 + 2 items, the remainder below
     # 1 + 81 // 20 = 5 (LAPACK), or two chunks of 4 + 5 or 5 + 5 items
     cases = [(1, 2), (7, 5), (8, 9), (19, 16), (0, 4), (9, 82), (10, 82)]
-    for (batch, size), chunks in itertools.product(cases, (1, 2)):
-        torch.set_num_threads(chunks)
-        scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
-        lengths = torch.randint(2, size + 1, (batch,), generator=gen)
-        if batch > 2:
-            scores[1, :, 1] = float("-inf")  # word 1 has no head: no tree (singular)
-            scores[2, 1, 2] = scores[2, 2, 1] = 1000.0  # a cycle of best heads far above
-            # every other arc: the rescaled Laplacian is nearly singular (not kept)
-            lengths[2] = size
-        real = torch.arange(size) < lengths[:, None]
-        for mask in (None, real):
-            want = _lu_operations(scores, mask, multiroot, 1e7, True)
-            got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True, method, 20.0)
-            assert got[3].tolist() == want[3].tolist()  # the same items kept
-            keep = want[3]
-            assert got[4].tolist() == (keep & (want[4] > 20.0)).tolist()  # precise
-            assert got[5:] == (bool(keep.all()), bool(got[4].any()))
+    try:
+        for (batch, size), chunks in itertools.product(cases, (1, 2)):
+            torch.set_num_threads(chunks)
+            scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
+            lengths = torch.randint(2, size + 1, (batch,), generator=gen)
             if batch > 2:
-                assert keep.tolist()[:3] == [True, False, False]
-            torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=0)  # weights
-            torch.testing.assert_close(got[0][keep], want[0][keep], rtol=1e-12, atol=1e-12)
-            scale = want[2][keep].abs().amax(dim=(1, 2), keepdim=True).clamp(min=1)
-            torch.testing.assert_close(
-                got[2][keep] / scale, want[2][keep] / scale, rtol=0, atol=1e-12
-            )
-    torch.set_num_threads(threads)
+                scores[1, :, 1] = float("-inf")  # word 1 has no head: no tree (singular)
+                scores[2, 1, 2] = scores[2, 2, 1] = 1000.0  # a cycle of best heads far above
+                # every other arc: the rescaled Laplacian is nearly singular (not kept)
+                lengths[2] = size
+            real = torch.arange(size) < lengths[:, None]
+            for mask in (None, real):
+                want = _lu_operations(scores, mask, multiroot, 1e7, True)
+                got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True, method, 20.0)
+                assert got[3].tolist() == want[3].tolist()  # the same items kept
+                keep = want[3]
+                assert got[4].tolist() == (keep & (want[4] > 20.0)).tolist()  # precise
+                assert got[5:] == (bool(keep.all()), bool(got[4].any()))
+                if batch > 2:
+                    assert keep.tolist()[:3] == [True, False, False]
+                torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=0)  # weights
+                torch.testing.assert_close(got[0][keep], want[0][keep], rtol=1e-12, atol=1e-12)
+                scale = want[2][keep].abs().amax(dim=(1, 2), keepdim=True).clamp(min=1)
+                torch.testing.assert_close(
+                    got[2][keep] / scale, want[2][keep] / scale, rtol=0, atol=1e-12
+                )
+    finally:
+        torch.set_num_threads(threads)
     with pytest.raises(RuntimeError, match="method"):
         module.matrix_tree_lu(scores, None, multiroot, 1e7, True, 3)
 

@@ -47,8 +47,9 @@ inline void swap_lane(Lanes& x, Lanes& y, int64_t lane) {
 
 // In place, kLanes matrices a[i * n + j][lane] -> their inverses by Gauss-Jordan elimination
 // with partial pivoting (the pivots an LU with partial pivoting chooses, the same as
-// LAPACK's but for rounding near ties; their log-magnitudes are added to logdet[lane]); swaps [n * kLanes] is scratch. A zero pivot (a singular
-// matrix) leaves inf or NaN entries, which the caller's condition-number test rejects.
+// LAPACK's but for rounding near ties; their log-magnitudes are added to logdet[lane]);
+// swaps [n * kLanes] is scratch. A zero pivot (a singular matrix) leaves inf or NaN
+// entries, which the caller's condition-number test rejects.
 STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
   for (int64_t k = 0; k < n; ++k) {
     Lanes* row = a + k * n;
@@ -122,7 +123,7 @@ void laplacian_inverse(const scalar_t* weights, const bool* padding, int64_t bat
     for (int64_t lane = 0; lane < count; ++lane) {
       double* out = inverse + (first + lane) * area;
       for (int64_t e = 0; e < area; ++e) out[e] = a[e][lane];
-      double largest = 0.0;  // ||L^-1||_1: the largest column sum of |L^-1| (NaN if singular)
+      double largest = 0.0;  // ||L^-1||_1: the largest column sum of |L^-1| (NaN/inf if singular)
       for (int64_t m = 0; m < n; ++m) {
         double column = 0.0;
         for (int64_t h = 0; h < n; ++h) column += std::abs(out[h * n + m]);
@@ -159,7 +160,7 @@ std::tuple<Tensor, Tensor, Tensor> lapack_inverse(const Tensor& weights,
   Tensor inverse = at::linalg_lu_solve(factor, pivots, eye.expand_as(lap));
   Tensor logdet = factor.diagonal(0, 1, 2).abs().log_().sum(-1);
   Tensor norm = multiroot ? incoming : incoming + weights.select(1, 0);
-  Tensor cond = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1));  // NaN if singular
+  Tensor cond = inverse.abs().sum(1).amax(-1).mul_(norm.amax(-1));  // NaN/inf if singular
   return {inverse, logdet, cond};
 }
 
@@ -223,7 +224,7 @@ std::vector<Tensor> lu_path(const Tensor& scores, const c10::optional<Tensor>& r
     logdet.narrow(0, split, rest).copy_(det);
     cond.narrow(0, split, rest).copy_(bound);
   }
-  Tensor keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum; NaN: not kept
+  Tensor keep = cond.le(max_cond / 2);  // ||L||_1 <= 2 max column sum; NaN, inf: not kept
   Tensor logz = need_logz ? logdet.add_(shift.sum({1, 2}, false, at::kDouble))
                           : at::empty({0}, inverse.options());
   return {logz, weights, inverse, keep, cond};

@@ -26,7 +26,8 @@ hand-written formula with two batched matmuls (in float32 for float32 scores, in
 for the items whose condition number exceeds 1e3, where float32 would lose about
 cond * 1e-8 of the gradient); derivatives of any order stay exact. (The
 C++ kernels invert by Gauss-Jordan elimination with the same partial pivoting, eight
-matrices at once in the lanes of SIMD vectors, instead of LAPACK's LU and solve.) This is
+matrices at once in the lanes of SIMD vectors, instead of LAPACK's LU and solve, except for
+a few items left over from the groups of eight and for more than 384 words.) This is
 trusted only for items whose 1-norm condition number is small (<= 1e4 for float64 scores,
 <= 1e7 otherwise; measured error ~ cond * 4e-16): an LU of ``exp(scores - column max)``
 is singular to working precision once score gaps exceed ~100 in float32 (~700 in float64)
@@ -320,7 +321,7 @@ def _lu_operations(
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor, Tensor]:
     """The operations of :func:`_lu_path` before the items are sorted out (ported to C++ in
     ``_matrix_tree.cpp``): (log Z or None, weights, inverse, keep, cond: the 1-norm condition
-    number bound [B], NaN if singular), every item as computed."""
+    number bound [B], NaN or inf if singular), every item as computed."""
     dtype = torch.promote_types(scores.dtype, torch.float32)
     weights = scores[:, :, 1:].to(dtype, copy=True, memory_format=torch.contiguous_format)
     weights.diagonal(-1, 1, 2).fill_(_NEG_INF)  # self loops: weights[:, m, m - 1]
@@ -375,7 +376,7 @@ def _lu_path(
     :math:`c_m` rescales det L by :math:`e^{-c_m}` exactly and leaves every weight in [0, 1]
     (a relative rounding of W is an absolute rounding of the scores: harmless in float32);
     the Laplacian is formed and factorised in float64. Items whose 1-norm condition number
-    exceeds ``max_cond`` (NaN if singular: no tree) are not kept: they get log Z 0, zero
+    exceeds ``max_cond`` (NaN or inf if singular: no tree) are not kept: they get log Z 0, zero
     weights and the identity as inverse (zero marginals and gradients), for the caller to
     replace. When the condition number is small the determinant is accurate, hence positive
     like Z: no sign check is needed."""
