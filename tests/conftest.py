@@ -34,8 +34,9 @@ def built_kernels() -> None:
 
 
 @pytest.fixture(params=["kernels", "pytorch"])
-def eisner_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run a test with Eisner's passes in the C++ kernels, then in the PyTorch code."""
+def kernel_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test with the C++ kernels (skipped where they are not built), then with the
+    PyTorch code."""
     from structattn.structs._extension import kernels_disabled
 
     if request.param == "pytorch":

@@ -503,7 +503,7 @@ def test_chain_properties(batch: int, size: int, labels: int, seed: int) -> None
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 def test_eisner_hand_written_outside_matches_autograd(
-    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, eisner_backend: str
+    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
 ) -> None:
     """log Z's backward by the hand-written outside pass equals autograd through the inside
     pass (padding, -inf arcs, an item with no tree), and so does its double backward (the
@@ -539,7 +539,7 @@ def test_eisner_hand_written_outside_matches_autograd(
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 def test_eisner_hessian_vector_product_gradchecks(
-    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, eisner_backend: str
+    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
 ) -> None:
     """The hand-written Hessian-vector product (backward of the marginals; split weights kept
     from the outside pass or recomputed) passes gradcheck, scales with the incoming gradient
@@ -598,7 +598,7 @@ def test_eisner_hand_written_backtrack_matches_autograd(multiroot: bool) -> None
             assert torch.equal(heads[b, 1:n], torch.full((n - 1,), b + 1.0, dtype=torch.float64))
 
 
-def test_eisner_saved_state_survives_repeated_backward(eisner_backend: str) -> None:
+def test_eisner_saved_state_survives_repeated_backward(kernel_backend: str) -> None:
     """The charts and split weights kept for the backward passes are not consumed: backward
     twice through the same graph (``retain_graph``) gives the same gradients."""
     from structattn.structs.dependency import eisner_log_partition
