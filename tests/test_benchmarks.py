@@ -123,3 +123,19 @@ def test_end_to_end_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     rows = capsys.readouterr().out.splitlines()[2:]
     ratios = [float(line.split()[-1]) for line in rows]
     assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios)
+
+
+def test_transformer_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/transformer.py --quick`` prints one finite ratio per configuration, and
+    the reference row's ratio is 1."""
+    module = _load_script("transformer.py")
+    threads = torch.get_num_threads()
+    try:
+        assert module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = capsys.readouterr().out.splitlines()[2:]
+    ratios = {line.rsplit(None, 2)[0]: float(line.split()[-1]) for line in rows}
+    assert len(ratios) == len(module.CONFIGS)
+    assert ratios["nn.MultiheadAttention"] == 1.0
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
