@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .structs.stick_breaking import Tree, tree_to_brackets
+from ..structs.stick_breaking import Tree, tree_to_brackets
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
