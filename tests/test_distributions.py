@@ -307,7 +307,8 @@ def test_tree_log_prob_rejects_invalid() -> None:
     two_roots = torch.tensor([[-1, 0, 0, 2, 2]])
     out_of_range = torch.tensor([[-1, 7, 0, 2, 2]])
     assert torch.isneginf(dist.log_prob(cyclic)).all()
-    assert torch.isneginf(dist.log_prob(out_of_range)).all()
+    with pytest.raises(ValueError, match="heads"):  # an error, not a silent -inf loss
+        dist.log_prob(out_of_range)
     assert torch.isfinite(dist.log_prob(two_roots)).all()
     assert torch.isneginf(DependencyCRF(arcs, multiroot=False).log_prob(two_roots)).all()
     assert torch.isneginf(dist.log_prob(non_projective)).all()

@@ -139,14 +139,16 @@ def test_log_prob(multiroot: bool) -> None:
         [
             [-1, 2, 1, 0, 0],  # 1 <-> 2 cycle
             [-1, 1, 0, 0, 0],  # self loop
-            [-1, 0, 7, 0, 0],  # head out of range
             [-1, 0, 0, 0, 0] if not multiroot else [-1, 4, 4, 4, 3],  # 4 roots / cycle 3 <-> 4
         ]
     )
+    three = NonProjectiveDependencyCRF(scores.expand(3, 5, 5), multiroot=multiroot)
+    assert torch.isneginf(three.log_prob(bad)).all()
     four = NonProjectiveDependencyCRF(scores.expand(4, 5, 5), multiroot=multiroot)
-    assert torch.isneginf(four.log_prob(bad)).all()
+    with pytest.raises(ValueError, match="heads"):  # head out of range: an error
+        four.log_prob(torch.cat([bad, torch.tensor([[-1, 0, 7, 0, 0]])]))
     with pytest.raises(ValueError):
-        four.log_prob(bad.double())
+        three.log_prob(bad.double())
 
 
 @MULTIROOT

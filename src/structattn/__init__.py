@@ -3,7 +3,8 @@
 Layers (``structattn.attention`` and ``structattn.nn``) sit on an exact inference core:
 :class:`LinearChainCRF`, :class:`DependencyCRF` (projective, Eisner),
 :class:`NonProjectiveDependencyCRF` (matrix-tree theorem), :func:`mean_field_marginals`
-(fully connected binary CRF) and the PRPN stick-breaking gates.
+(fully connected binary CRF) and the PRPN stick-breaking gates; :func:`structured_nll` is
+the CRF training loss and :func:`is_projective` / :func:`projectivize` prepare treebanks.
 """
 
 from .attention import (
@@ -20,6 +21,9 @@ from .distributions import (
     LinearChainCRF,
     NonProjectiveDependencyCRF,
     StructuredDistribution,
+    is_projective,
+    projectivize,
+    structured_nll,
 )
 from .nn import LSTMN, GatedSelfAttention, LSTMNCell, LSTMNDecoder, ParsingNetwork
 from .structs.mean_field import mean_field_free_energy, mean_field_marginals
@@ -53,11 +57,14 @@ __all__ = [
     "bradley_terry_distribution",
     "expected_gates",
     "gated_attention_weights",
+    "is_projective",
     "mean_field_free_energy",
     "mean_field_marginals",
+    "projectivize",
     "split_tree",
     "stick_breaking_distribution",
     "stick_breaking_gates",
+    "structured_nll",
     "tree_to_brackets",
 ]
 __version__ = "0.1.0"

@@ -1,8 +1,10 @@
-"""Structured distributions: lazy log-partition, marginals, argmax, entropy, samples."""
+"""Structured distributions: lazy log-partition, marginals, argmax, entropy, samples; the
+structured loss and the tree helpers a parser needs."""
 
 from .base import StructuredDistribution
-from .dependency import DependencyCRF
+from .dependency import DependencyCRF, is_projective, projectivize
 from .linear_chain import LinearChainCRF
+from .loss import structured_nll
 from .nonprojective import NonProjectiveDependencyCRF
 
 __all__ = [
@@ -10,4 +12,7 @@ __all__ = [
     "LinearChainCRF",
     "NonProjectiveDependencyCRF",
     "StructuredDistribution",
+    "is_projective",
+    "projectivize",
+    "structured_nll",
 ]

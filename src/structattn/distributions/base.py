@@ -62,6 +62,16 @@ class StructuredDistribution:
         """Score of given structures, [B]; ``-inf`` where a structure is invalid."""
         raise NotImplementedError
 
+    def _num_tokens(self) -> Tensor:
+        """Number of scored positions per item (words of a tree, positions of a chain), [B]."""
+        raise NotImplementedError
+
+    def _impossible_reason(self, value: Tensor, item: int) -> str:
+        """Why ``value[item]`` has probability 0 (its ``log_prob`` is ``-inf``), for errors."""
+        if bool(torch.isneginf(self.log_partition[item])):
+            return "no structure of this item has a finite score (log Z = -inf)"
+        return "it uses a part whose score is -inf (a forbidden part)"
+
     # ---- generic machinery ----------------------------------------------------------------
     @property
     def batch_size(self) -> int:

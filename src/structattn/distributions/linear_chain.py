@@ -104,6 +104,12 @@ class LinearChainCRF(StructuredDistribution):
             return chain_log_partition(unary, pairwise, lengths)
         return chain_inside(unary, pairwise, lengths, semiring)
 
+    def _num_tokens(self) -> Tensor:
+        if self.lengths is None:
+            batch, n, _ = self.unary.shape
+            return torch.full((batch,), n, dtype=torch.long, device=self.unary.device)
+        return self.lengths
+
     def _to_structure(self, *indicators: Tensor) -> Tensor:
         unary_ind = indicators[0]  # [B, N, C]
         labels = unary_ind.argmax(-1)

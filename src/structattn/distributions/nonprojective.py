@@ -107,8 +107,8 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
     @cached_property
     def max_score(self) -> Tensor:
         """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid)."""
-        with torch.no_grad():
-            return self._score(self.argmax)
+        with torch.no_grad():  # -1 (no tree) gives -inf
+            return self._tree_score(self.argmax)
 
     def log_prob(self, heads: Tensor) -> Tensor:
         """log p(tree), shape [B]; ``heads`` LongTensor [B, N] (entries at ROOT and padding
