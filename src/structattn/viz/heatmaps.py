@@ -1,0 +1,112 @@
+"""Attention weights as a heatmap (Kim et al. 2017, Figures 3-4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ._common import (
+    _FONT,
+    _SMALL,
+    ArrayLike,
+    _as_array,
+    _as_labels,
+    _cell_inches,
+    _fmt_prob,
+    _label_heatmap_axes,
+    _new_figure,
+    _output_path,
+    _rc_context,
+    _save,
+    _text_inches,
+)
+
+__all__ = ["attention_heatmap"]
+
+
+def attention_heatmap(
+    weights: ArrayLike,
+    row_labels: Sequence[object] | None,
+    col_labels: Sequence[object] | None,
+    path: str | Path,
+    title: str | None = None,
+    *,
+    cmap: str = "Blues",
+    vmax: float | None = None,
+    annotate: bool = False,
+) -> Path:
+    """Attention weights as a heatmap: one row per query, one column per memory position.
+
+    Like Figures 3 and 4 of Kim et al. (2017): each row is the attention distribution (or
+    the marginals of a structured layer) at one decoding step over the source tokens.
+
+    Args:
+        weights: [Q, N] tensor or array, e.g. ``out.weights[b]`` of any attention layer
+            (slice off padding first: ``out.weights[b, :tgt_len, :src_len]``).
+        row_labels: Q labels of the queries (target tokens); None for 0..Q-1.
+        col_labels: N labels of the memory positions (source tokens); None for 0..N-1.
+        path: output file (PNG unless the suffix says ``.pdf``/``.svg``); folders are made.
+        title: figure title.
+        cmap: matplotlib colormap name.
+        vmax: top of the colour scale (default: the largest weight, at least 1e-12); the
+            bottom is ``min(0, weights.min())``. Pass ``vmax=1`` to compare several plots.
+        annotate: write each weight in its cell (readable up to ~30 x 30).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if ``weights`` is not 2-d and finite, or the labels do not match it.
+    """
+    w = _as_array(weights, "weights", 2)
+    q, n = w.shape
+    if q == 0 or n == 0:
+        raise ValueError(f"`weights` must be non-empty, got shape {w.shape}")
+    rows = _as_labels(row_labels, q, "row_labels", f"one per row of `weights` {w.shape}")
+    cols = _as_labels(col_labels, n, "col_labels", f"one per column of `weights` {w.shape}")
+    cell = _cell_inches(max(q, n))
+    fontsize = float(np.clip(cell * 24, 6, _FONT - 1))
+    label_w = _text_inches(rows, fontsize)
+    label_h = _text_inches(cols, fontsize) * (0.87 if max(map(len, cols)) > 2 else 0.2)
+    out, fmt = _output_path(path)
+    with _rc_context():
+        fig = _new_figure(n * cell + label_w + 1.4, q * cell + label_h + 0.9)
+        ax = fig.add_subplot()
+        low = min(0.0, float(w.min()))
+        high = float(w.max()) if vmax is None else float(vmax)
+        top = max(high, low + 1e-12)
+        image = ax.imshow(
+            w,
+            cmap=cmap,
+            vmin=low,
+            vmax=top,
+            aspect="auto",
+            interpolation="nearest",
+        )
+        _label_heatmap_axes(ax, rows, cols, fontsize)
+        ax.set_xlabel("memory")
+        ax.set_ylabel("query")
+        if annotate:
+            for i in range(q):
+                for j in range(n):
+                    text = _fmt_prob(float(w[i, j]))
+                    dark = (w[i, j] - low) / (top - low) > 0.6
+                    ax.text(
+                        j,
+                        i,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=min(_SMALL, fontsize - 1),
+                        color="white" if dark else ("0.6" if text == "0" else "black"),
+                    )
+        colorbar = fig.colorbar(
+            image, ax=ax, fraction=0.05, pad=0.03, shrink=min(1.0, 0.3 + q / 10)
+        )
+        colorbar.ax.tick_params(labelsize=_SMALL)
+        colorbar.outline.set_visible(False)
+        if title:
+            ax.set_title(title)
+        return _save(fig, out, fmt)
