@@ -1,15 +1,22 @@
-"""The training loop shared by all recipes: checkpoints, resumption, logging, DDP."""
+"""The training loop shared by all recipes: optimisers, schedules, checkpoints, resumption,
+truncated BPTT, early stopping, logging, DDP."""
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .loop import LRSchedule, Task, TrainConfig, fit, load_model_state
+from .config import TrainConfig
+from .loop import Task, fit, load_model_state, map_tensors
+from .optim import LRSchedule, PlateauSchedule, make_optimizer, make_schedule
 
 __all__ = [
     "CheckpointError",
     "LRSchedule",
+    "PlateauSchedule",
     "Task",
     "TrainConfig",
     "fit",
     "load_checkpoint",
     "load_model_state",
+    "make_optimizer",
+    "make_schedule",
+    "map_tensors",
     "save_checkpoint",
 ]

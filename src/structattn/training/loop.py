@@ -1,15 +1,19 @@
 """The training loop shared by every recipe.
 
 A recipe hands :func:`fit` a :class:`Task` (the model and a few callables) and a
-:class:`TrainConfig`; the loop does the rest: SGD with gradient clipping and the papers'
-learning-rate halving, progress bars, a JSONL metrics log (and TensorBoard when installed),
-atomic checkpoints with model/optimiser/schedule/RNG states, exact resumption, and
+:class:`TrainConfig`; the loop does the rest: the optimiser (SGD, Adam or Adagrad) with
+gradient clipping and an epoch-level learning-rate schedule (the papers' halving, or decay on
+a validation plateau), the loss normalised per example or per token, truncated
+backpropagation through time (a state carried from batch to batch), validation every epoch
+or every N steps with best-model saving and early stopping, progress bars, a JSONL metrics
+log (and TensorBoard when installed), atomic checkpoints with the model, optimiser,
+schedule, carried state and RNG states, exact resumption (also mid-epoch), and
 data-parallel training under ``torchrun`` (DDP; gloo on CPU, nccl on GPU).
 
 Run directory::
 
     config.json       the recipe's configuration
-    metrics.jsonl     one JSON object per logged step and per epoch
+    metrics.jsonl     one JSON object per logged step, validation and epoch
     checkpoint.pt     the latest full training state (for --resume)
     model.pt          the best model on validation (for eval/viz)
 """
@@ -24,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -37,175 +41,22 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from .config import TrainConfig
+from .optim import LRSchedule, PlateauSchedule, make_optimizer, make_schedule
 
-__all__ = ["CHECKPOINT_FORMAT", "LRSchedule", "Task", "TrainConfig", "fit", "load_model_state"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "LRSchedule",
+    "PlateauSchedule",
+    "Task",
+    "TrainConfig",
+    "fit",
+    "load_model_state",
+]
 
 CHECKPOINT_FORMAT = "structattn-checkpoint-v1"
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings (the recipe fills them from its paper's values).
-
-    The defaults are plain SGD with the papers' step schedule and the loss averaged over a
-    batch's examples. Every field is checked in ``__post_init__`` (``ValueError``); a field
-    that only applies to another optimiser or schedule must keep its default.
-    """
-
-    epochs: int  # number of passes over the training data
-    lr: float  # initial learning rate
-    max_grad_norm: float | None = None  # clip the global gradient norm (None: no clipping)
-    decay_factor: float = 0.5  # multiply the lr by this when decaying (every schedule)
-    decay_start: int | None = None  # "step": decay after every epoch >= this one (1-based)
-    decay_on_plateau: bool = False  # "step": also start decaying once validation stops improving
-    decay_every: int | None = None  # "step": or decay every this many epochs (bAbI: 25)
-    seed: int = 0  # seeds model init, data order and dropout
-    log_every: int = 50  # steps between metric lines
-    checkpoint_every: int | None = None  # also checkpoint every this many steps mid-epoch
-    device: str = "cpu"  # "cpu" or "cuda" ("cuda:N" under torchrun picks LOCAL_RANK)
-    progress: bool = True  # show a progress bar (rank 0 only)
-    name: str = ""  # prefix of the per-epoch summary lines on stderr
-    epoch_lines: bool = True  # print a summary line per epoch on stderr (rank 0)
-    sum_loss: bool = False  # step on the batch's summed loss, not its mean (MemN2N's convention)
-    # ---- optimiser (the defaults are plain SGD, as before these fields existed) ----
-    optimizer: Literal["sgd", "adam", "adagrad"] = "sgd"  # torch.optim.SGD / Adam / Adagrad
-    momentum: float = 0.0  # "sgd" only: momentum
-    weight_decay: float = 0.0  # L2 penalty added to the gradient (every optimiser)
-    betas: tuple[float, float] = (0.9, 0.999)  # "adam" only: decay rates of the moments
-    eps: float | None = None  # "adam"/"adagrad": denominator term (None: torch's 1e-8 / 1e-10)
-    initial_accumulator_value: float = 0.0  # "adagrad" only: initial sum of squares (SAN: 0.1)
-    # ---- learning-rate schedule, updated after each epoch from its validation metric ----
-    lr_schedule: Literal["step", "plateau"] = "step"  # "step": decay_start / decay_on_plateau /
-    # decay_every as above (the default, unchanged); "plateau": multiply by decay_factor after
-    # each epoch whose validation metric does not improve significantly (ReduceLROnPlateau)
-    plateau_threshold: float = 0.0  # "plateau": improving means beating the reference by > this
-    plateau_threshold_mode: Literal["abs", "rel"] = "abs"  # "plateau": threshold in metric
-    # units ("abs"), or as a fraction of |reference| ("rel")
-    plateau_reference: Literal["best", "previous"] = "best"  # "plateau": compare with the best
-    # epoch so far (PyTorch, PRPN) or with the previous epoch (OpenNMT's "does not decrease")
-    plateau_patience: int = 0  # "plateau": non-improving epochs tolerated before each decay
-    min_lr: float = 0.0  # never decay the lr below this (every schedule)
-    # ---- loss ----
-    normalize_by: Literal["examples", "tokens", "none"] = "examples"  # divide the batch's
-    # summed loss by the examples or tokens the task counts (summed over DDP ranks), or not at
-    # all ("none", the same as sum_loss=True)
-    # ---- evaluation and stopping ----
-    eval_every: int | None = None  # also validate every this many steps (None: per epoch only)
-    patience: int | None = None  # stop after this many validations in a row without a new best
-
-    def __post_init__(self) -> None:
-        def fail(message: str) -> None:
-            raise ValueError(f"TrainConfig: {message}")
-
-        def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-            if value not in allowed:
-                fail(f"`{name}` must be one of {allowed}, got {value!r}")
-
-        def positive_or_none(name: str, value: float | None) -> None:
-            if value is not None and not value > 0:
-                fail(f"`{name}` must be positive or None, got {value!r}")
-
-        if self.epochs < 0:
-            fail(f"`epochs` must be >= 0, got {self.epochs}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            fail(f"`lr` must be a positive number, got {self.lr!r}")
-        positive_or_none("max_grad_norm", self.max_grad_norm)
-        if not 0 < self.decay_factor <= 1:
-            fail(f"`decay_factor` must be in (0, 1], got {self.decay_factor!r}")
-        for name in ("decay_start", "decay_every", "checkpoint_every", "eval_every", "patience"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                fail(f"`{name}` must be >= 1 or None, got {value!r}")
-        if self.log_every < 1:
-            fail(f"`log_every` must be >= 1, got {self.log_every!r}")
-        choice("optimizer", self.optimizer, ("sgd", "adam", "adagrad"))
-        choice("lr_schedule", self.lr_schedule, ("step", "plateau"))
-        choice("plateau_threshold_mode", self.plateau_threshold_mode, ("abs", "rel"))
-        choice("plateau_reference", self.plateau_reference, ("best", "previous"))
-        choice("normalize_by", self.normalize_by, ("examples", "tokens", "none"))
-        if self.momentum < 0 or self.weight_decay < 0 or self.initial_accumulator_value < 0:
-            fail("`momentum`, `weight_decay` and `initial_accumulator_value` must be >= 0")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            fail(f"`betas` must be two numbers in [0, 1), got {self.betas!r}")
-        positive_or_none("eps", self.eps)
-        only = {  # field -> (default, the optimiser or schedule it belongs to)
-            "momentum": (0.0, self.optimizer == "sgd", 'optimizer="sgd"'),
-            "betas": ((0.9, 0.999), self.optimizer == "adam", 'optimizer="adam"'),
-            "eps": (None, self.optimizer != "sgd", 'optimizer="adam" or "adagrad"'),
-            "initial_accumulator_value": (
-                0.0,
-                self.optimizer == "adagrad",
-                'optimizer="adagrad"',
-            ),
-            "decay_start": (None, self.lr_schedule == "step", 'lr_schedule="step"'),
-            "decay_on_plateau": (False, self.lr_schedule == "step", 'lr_schedule="step"'),
-            "decay_every": (None, self.lr_schedule == "step", 'lr_schedule="step"'),
-            "plateau_threshold": (0.0, self.lr_schedule == "plateau", 'lr_schedule="plateau"'),
-            "plateau_threshold_mode": (
-                "abs",
-                self.lr_schedule == "plateau",
-                'lr_schedule="plateau"',
-            ),
-            "plateau_reference": ("best", self.lr_schedule == "plateau", 'lr_schedule="plateau"'),
-            "plateau_patience": (0, self.lr_schedule == "plateau", 'lr_schedule="plateau"'),
-        }
-        for name, (default, applies, owner) in only.items():
-            value = getattr(self, name)
-            if not applies and (tuple(value) if name == "betas" else value) != default:
-                fail(f"`{name}` only applies with {owner} (got {name}={value!r})")
-        if self.plateau_threshold < 0 or self.plateau_patience < 0:
-            fail("`plateau_threshold` and `plateau_patience` must be >= 0")
-        if not 0 <= self.min_lr <= self.lr:
-            fail(f"`min_lr` must be in [0, lr], got {self.min_lr!r}")
-        if self.sum_loss and self.normalize_by == "tokens":
-            fail(
-                '`sum_loss=True` is normalize_by="none"; do not set both '
-                f"(got normalize_by={self.normalize_by!r})"
-            )
-
-    @property
-    def loss_normalizer(self) -> str:
-        """What the batch's summed loss is divided by: "examples", "tokens" or "none"."""
-        return "none" if self.sum_loss else self.normalize_by
-
-
-_NEW_FIELDS = (
-    "optimizer", "momentum", "weight_decay", "betas", "eps", "initial_accumulator_value",
-    "lr_schedule", "plateau_threshold", "plateau_threshold_mode", "plateau_reference",
-    "plateau_patience", "min_lr", "normalize_by", "eval_every", "patience",
-)  # fmt: skip
-
-
-class LRSchedule:
-    """The papers' schedule: halve the lr after each epoch from ``decay_start`` on, or from the
-    first epoch whose validation metric did not improve (whichever comes first), or every
-    ``decay_every`` epochs."""
-
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
-        self.lr = config.lr
-        self.decaying = False
-        self.best: float | None = None
-
-    def step(self, epoch: int, metric: float | None) -> float:
-        """Update after ``epoch`` (1-based) with its validation metric (higher is better)."""
-        c = self.config
-        improved = metric is not None and (self.best is None or metric > self.best)
-        if improved:
-            self.best = metric
-        if c.decay_start is not None and epoch >= c.decay_start:
-            self.decaying = True
-        if c.decay_on_plateau and metric is not None and not improved:
-            self.decaying = True
-        if self.decaying or (c.decay_every and epoch % c.decay_every == 0):
-            self.lr *= c.decay_factor
-        return self.lr
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"lr": self.lr, "decaying": self.decaying, "best": self.best}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.lr, self.decaying, self.best = state["lr"], state["decaying"], state["best"]
+Count = int | Tensor  # a number of examples or tokens (a 0-dim tensor avoids a device sync)
 
 
 @dataclass
@@ -213,9 +64,23 @@ class Task:
     """What the loop needs from a recipe.
 
     ``batches(epoch)`` returns the global batches of an epoch (lists of examples), the same
-    for the same epoch and seed on every rank; ``collate(examples, device)`` makes tensors;
-    ``loss(model, batch)`` returns (summed loss, number of examples it sums over, number of
-    tokens for throughput); ``validate(model)`` returns metrics including ``"metric"``
+    for the same epoch and seed on every rank; under DDP rank ``r`` of ``w`` takes
+    ``examples[r::w]``. ``collate(examples, device)`` makes tensors.
+
+    The loss is one of:
+
+    - ``loss(model, batch) -> (loss_sum, examples, tokens)``: the loss summed over the batch,
+      the number of examples and the number of tokens it sums over (ints or 0-dim tensors);
+    - ``stateful_loss(model, batch, state) -> (loss_sum, examples, tokens, new_state)`` for
+      truncated backpropagation through time: ``state`` is ``None`` at the first batch of
+      each epoch and then what the previous batch returned, with every tensor detached (so
+      gradients stop at the batch boundary). It is saved in mid-epoch checkpoints, so a state
+      must be made of tensors, numbers, strings, ``None`` and plain tuples, lists and dicts of
+      them (e.g. an LSTM's ``(h, c)``). Row ``i`` of the state belongs to example ``i`` of
+      the local batch: keep each stream at the same position in every batch of an epoch.
+
+    The loop divides ``loss_sum`` by the examples or tokens (``TrainConfig.normalize_by``),
+    summed over DDP ranks. ``validate(model)`` returns metrics including ``"metric"``
     (higher is better); ``extra`` is saved in every checkpoint (e.g. the vocabulary);
     ``on_epoch_start(model, epoch)`` (1-based epoch) runs before each epoch, also the first
     one after a resume, so schedules such as linear start must depend on ``epoch`` only.
@@ -224,11 +89,32 @@ class Task:
     model: nn.Module
     batches: Callable[[int], Sequence[Sequence[Any]]]
     collate: Callable[[Sequence[Any], torch.device], Any]
-    loss: Callable[[nn.Module, Any], tuple[Tensor, int, int]]
+    loss: Callable[[nn.Module, Any], tuple[Tensor, Count, Count]] | None = None
     validate: Callable[[nn.Module], dict[str, float]] | None = None
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     on_epoch_start: Callable[[nn.Module, int], None] | None = None
+    stateful_loss: Callable[[nn.Module, Any, Any], tuple[Tensor, Count, Count, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.loss is None) == (self.stateful_loss is None):
+            raise ValueError("a Task needs exactly one of `loss` and `stateful_loss`")
+
+
+def map_tensors(fn: Callable[[Tensor], Tensor], state: Any) -> Any:
+    """``state`` with ``fn`` applied to every tensor in it (plain tuples, lists and dicts)."""
+    if isinstance(state, Tensor):
+        return fn(state)
+    if type(state) in (tuple, list):
+        return type(state)(map_tensors(fn, x) for x in state)
+    if type(state) is dict:
+        return {key: map_tensors(fn, value) for key, value in state.items()}
+    if state is None or isinstance(state, bool | int | float | str):
+        return state
+    raise TypeError(
+        "a carried state must hold tensors, numbers, strings, None and plain tuples, lists "
+        f"and dicts of them (it is saved in checkpoints); got {type(state).__name__}"
+    )
 
 
 # ---- distributed helpers ----------------------------------------------------------------------
@@ -331,33 +217,114 @@ def load_model_state(run_dir: str | os.PathLike[str], which: str = "model.pt") -
     return load_checkpoint(path)
 
 
+def _scale_loss(
+    loss_sum: Tensor, normalizer: str, world: int, examples: Count, tokens: Count
+) -> Tensor:
+    """The loss to differentiate. DDP averages gradients over the ``world`` ranks, so each
+    rank's summed loss is scaled by ``world / count`` (``count`` summed over ranks): the
+    gradient is then that of the global sum divided by the global count (or of the global sum,
+    with ``normalizer="none"``)."""
+    if normalizer == "none":
+        return loss_sum * world
+    count = examples if normalizer == "examples" else tokens
+    if isinstance(count, Tensor):  # no device sync
+        return loss_sum * (world / count.clamp(min=1)).to(loss_sum.dtype)
+    return loss_sum * (world / max(count, 1))
+
+
 def fit(
     task: Task, config: TrainConfig, run_dir: str | os.PathLike[str], resume: bool = False
 ) -> dict[str, Any]:
-    """Train ``task.model``; returns a summary (best validation metrics, epochs, time)."""
-    run_dir = Path(run_dir)
-    defaults = TrainConfig(epochs=config.epochs, lr=config.lr)
-    for name in _NEW_FIELDS:  # interim: the loop behind these fields is being written
-        if getattr(config, name) != getattr(defaults, name):
-            raise NotImplementedError(f"TrainConfig.{name} is not implemented yet")
+    """Train ``task.model``; returns a summary: the best validation metrics (``"best"``, with
+    the epoch, and the step when ``eval_every`` is set), ``"epochs"``, ``"seconds"``, and with
+    ``patience`` also ``"stopped"`` (``{"epoch", "step"}`` of an early stop, or ``None``)."""
+    if task.validate is None:
+        for name, needed in (
+            ("lr_schedule", config.lr_schedule == "plateau"),
+            ("eval_every", config.eval_every is not None),
+            ("patience", config.patience is not None),
+        ):
+            if needed:
+                raise ValueError(
+                    f"TrainConfig.{name}={getattr(config, name)!r} needs a validation metric, "
+                    "but the task has no `validate`"
+                )
     rank, world, created_group = _distributed()
+    try:
+        summary = _fit(task, config, Path(run_dir), resume, rank, world)
+    except BaseException:
+        if created_group:
+            dist.destroy_process_group()
+        raise
+    if created_group:
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
+
+
+def _fit(
+    task: Task, config: TrainConfig, run_dir: Path, resume: bool, rank: int, world: int
+) -> dict[str, Any]:
     device = _device(config.device)
+    if device.type == "cuda" and world > 1:
+        torch.cuda.set_device(device)  # collectives of Python objects use the current device
     logger = _Logger(run_dir, enabled=rank == 0, progress=config.progress)
+    try:
+        return _train(task, config, run_dir, resume, rank, world, device, logger)
+    finally:
+        logger.close()
+
+
+def _train(
+    task: Task,
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    rank: int,
+    world: int,
+    device: torch.device,
+    logger: _Logger,
+) -> dict[str, Any]:
     model = task.model.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    schedule = LRSchedule(config)
+    optimizer = make_optimizer(model.parameters(), config)
+    schedule = make_schedule(config)
+    normalizer = config.loss_normalizer
     start_epoch, start_batch, step = 1, 0, 0
     best: dict[str, float] = {}
+    bad_evals = 0  # validations in a row without a new best (early stopping)
+    last_eval: dict[str, Any] | None = None  # {"step", "metrics"} of the latest validation
+    stopped: dict[str, int] | None = None  # {"epoch", "step"} once early stopping fired
+    carry: Any = None  # the state the task carries from batch to batch (stateful_loss)
     if resume:
-        state = load_checkpoint(run_dir / "checkpoint.pt")
+        path = run_dir / "checkpoint.pt"
+        state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{run_dir / 'checkpoint.pt'} has an unknown format")
+            raise CheckpointError(f"{path} has an unknown format")
+        for name, saved, current in (
+            ("optimizer", state.get("optimizer_name", "sgd"), config.optimizer),
+            ("lr_schedule", state["schedule"].get("kind", "step"), config.lr_schedule),
+        ):
+            if saved != current:
+                raise CheckpointError(
+                    f"{path} was trained with {name}={saved!r}; cannot resume with {current!r}"
+                )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         set_rng_state(state["rng"])
         start_epoch, start_batch, step = state["epoch"], state["batch"], state["step"]
         best = state["best"]
+        bad_evals = state.get("bad_evals", 0)
+        last_eval = state.get("last_eval")
+        stopped = state.get("stopped")
+        carried = state.get("carry")
+        if carried is not None and task.stateful_loss is not None:
+            if len(carried) != world:
+                raise CheckpointError(
+                    f"{path} holds the carried state of {len(carried)} processes: resume it "
+                    f"with {len(carried)}, not {world}"
+                )
+            carry = map_tensors(lambda t: t.to(device), carried[rank])
         if rank == 0:  # forget what was logged after this checkpoint: it is redone
             _truncate_log(run_dir / "metrics.jsonl", step)
     elif rank == 0:
@@ -372,7 +339,18 @@ def fit(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
 
+    def gather_carry() -> list[Any] | None:
+        """Every rank's carried state, on the CPU, in rank order (on rank 0; None elsewhere)."""
+        local = map_tensors(lambda t: t.detach().cpu(), carry)  # checkpoints only
+        if world == 1:
+            return [local]
+        gathered: list[Any] = [None] * world
+        dist.gather_object(local, gathered if rank == 0 else None, dst=0)
+        return gathered if rank == 0 else None
+
     def checkpoint(epoch: int, batch: int) -> None:
+        """The full training state before batch ``batch`` (0-based) of ``epoch`` (1-based)."""
+        carried = gather_carry() if task.stateful_loss is not None and batch > 0 else None
         if rank != 0:
             return
         save_checkpoint(
@@ -381,12 +359,17 @@ def fit(
                 "format": CHECKPOINT_FORMAT,
                 "model": _unwrap(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
+                "optimizer_name": config.optimizer,
                 "schedule": schedule.state_dict(),
                 "rng": get_rng_state(),
                 "epoch": epoch,
                 "batch": batch,
                 "step": step,
                 "best": best,
+                "bad_evals": bad_evals,
+                "last_eval": last_eval,
+                "stopped": stopped,
+                "carry": carried,
                 "config": task.config,
                 "extra": task.extra,
             },
@@ -404,49 +387,117 @@ def fit(
                 "config": task.config,
                 "extra": task.extra,
                 "epoch": epoch,
+                "step": step,
                 "valid": metrics,
             },
         )
 
+    def validate(epoch: int) -> dict[str, float]:
+        """Validate; keep the best model; count validations without a new best."""
+        nonlocal best, bad_evals, last_eval
+        assert task.validate is not None
+        model.eval()
+        with torch.no_grad():
+            metrics = task.validate(_unwrap(model))
+        model.train()
+        metric = metrics.get("metric")
+        if metric is not None:
+            if not best or metric > best.get("metric", -math.inf):
+                where = {"epoch": epoch, "step": step} if config.eval_every else {"epoch": epoch}
+                best = {**where, **metrics}
+                save_model(epoch, metrics)
+                bad_evals = 0
+            else:
+                bad_evals += 1
+        last_eval = {"step": step, "metrics": metrics}
+        return metrics
+
+    def should_stop() -> bool:
+        """Early stopping: ``patience`` validations in a row without a new best."""
+        if config.patience is None:
+            return False
+        stop = bad_evals >= config.patience
+        if world > 1:  # every rank validates on its own: follow rank 0
+            flag = torch.tensor([float(stop)], device=device)
+            dist.broadcast(flag, src=0)
+            stop = bool(flag.item())
+        return stop
+
+    def report_stop(epoch: int) -> None:
+        logger.log({"kind": "stop", "epoch": epoch, "step": step, "bad_evals": bad_evals})
+        if rank == 0 and config.epoch_lines:
+            prefix = f"[{config.name}] " if config.name else ""
+            print(
+                f"{prefix}early stop at epoch {epoch}, step {step}: no new best in "
+                f"{bad_evals} validations (best: epoch {best.get('epoch')})",
+                file=sys.stderr,
+                flush=True,
+            )
+
     started = time.time()
     for epoch in range(start_epoch, config.epochs + 1):
+        if stopped is not None:  # resumed after an early stop: nothing left to do
+            break
         if task.on_epoch_start is not None:
             task.on_epoch_start(_unwrap(model), epoch)
         model.train()
         batches = task.batches(epoch)
+        if start_batch == 0:
+            carry = None  # each epoch starts its streams afresh
         bar = logger.bar(len(batches), start_batch, f"epoch {epoch}/{config.epochs}")
-        total_loss, total_examples, window_tokens, window_start = 0.0, 0, 0, time.time()
+        total_loss, total_count, window_tokens, window_start = 0.0, 0, 0, time.time()
         for index in range(start_batch, len(batches)):
             examples = batches[index]
             local = examples[rank::world]
             if not local:
                 raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
             batch = task.collate(local, device)
-            loss_sum, _, tokens = task.loss(train_model, batch)
-            # DDP averages gradients over ranks: scale so the result is the global mean (sum)
-            loss = loss_sum * (world if config.sum_loss else world / len(examples))
+            n_examples: Count
+            n_tokens: Count
+            if task.stateful_loss is not None:
+                loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
+                    train_model, batch, carry
+                )
+                carry = map_tensors(Tensor.detach, carry)  # truncate backpropagation here
+            else:
+                assert task.loss is not None
+                loss_sum, n_examples, n_tokens = task.loss(train_model, batch)
+            totals: Tensor | None = None
+            if world > 1:  # the global loss and counts, before backward (one collective)
+                totals = torch.stack(
+                    [
+                        torch.as_tensor(x, dtype=torch.float64, device=device)
+                        for x in (loss_sum.detach(), n_examples, n_tokens)
+                    ]
+                )
+                dist.all_reduce(totals)
+                n_examples, n_tokens = totals[1], totals[2]
+            loss = _scale_loss(loss_sum, normalizer, world, n_examples, n_tokens)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             step += 1
-            value = loss_sum.detach()
-            if world > 1:
-                dist.all_reduce(value)
-            value_f = float(value)
+            if totals is not None:
+                value_f, examples_f, tokens_f = totals.tolist()
+                batch_examples, batch_tokens = round(examples_f), round(tokens_f)
+            else:
+                value_f = float(loss_sum.detach())
+                batch_examples, batch_tokens = int(n_examples), int(n_tokens)
             if not math.isfinite(value_f):
                 raise FloatingPointError(
                     f"training loss is {value_f} at epoch {epoch}, step {step}"
                 )
+            per = batch_tokens if normalizer == "tokens" else batch_examples
             total_loss += value_f
-            total_examples += len(examples)
-            window_tokens += tokens * world
+            total_count += per
+            window_tokens += batch_tokens
             if bar is not None:
                 bar.update(1)
                 rate = window_tokens / max(time.time() - window_start, 1e-9)
                 bar.set_postfix(
-                    loss=f"{value_f / len(examples):.3f}",
+                    loss=f"{value_f / max(per, 1):.3f}",
                     lr=f"{schedule.lr:.3g}",
                     tok_s=f"{rate:.0f}",
                 )
@@ -457,32 +508,48 @@ def fit(
                         "kind": "train",
                         "epoch": epoch,
                         "step": step,
-                        "loss": value_f / len(examples),
+                        "loss": value_f / max(per, 1),
                         "lr": schedule.lr,
                         "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
                     }
                 )
                 window_tokens, window_start = 0, now
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
+            if config.eval_every and step % config.eval_every == 0:
+                metrics = validate(epoch)
+                logger.log(
+                    {
+                        "kind": "eval",
+                        "epoch": epoch,
+                        "step": step,
+                        **{f"valid_{k}": v for k, v in metrics.items()},
+                    }
+                )
+                if should_stop():
+                    stopped = {"epoch": epoch, "step": step}
+            if stopped is not None or (
+                config.checkpoint_every and step % config.checkpoint_every == 0
+            ):
                 checkpoint(epoch, index + 1)
+            if stopped is not None:
+                break
         if bar is not None:
             bar.close()
+        if stopped is not None:
+            report_stop(epoch)
+            break
         start_batch = 0
-        metrics: dict[str, float] = {}
+        metrics = {}
         if task.validate is not None:
-            model.eval()
-            with torch.no_grad():
-                metrics = task.validate(_unwrap(model))
-            model.train()
+            if config.eval_every and last_eval is not None and last_eval["step"] == step:
+                metrics = last_eval["metrics"]  # validated at this very step already
+            else:
+                metrics = validate(epoch)
         metric = metrics.get("metric")
-        if metric is not None and (not best or metric > best.get("metric", -math.inf)):
-            best = {"epoch": epoch, **metrics}
-            save_model(epoch, metrics)
         record = {
             "kind": "epoch",
             "epoch": epoch,
             "step": step,
-            "train_loss": total_loss / max(total_examples, 1),
+            "train_loss": total_loss / max(total_count, 1),
             "lr": schedule.lr,
             "time": time.time() - started,
             **{f"valid_{k}": v for k, v in metrics.items()},
@@ -495,11 +562,19 @@ def fit(
         lr = schedule.step(epoch, metric)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        if should_stop():
+            stopped = {"epoch": epoch, "step": step}
         checkpoint(epoch + 1, 0)
+        if stopped is not None:
+            report_stop(epoch)
+            break
     if task.validate is None:  # no model selection: the last model is the model
         save_model(config.epochs, {})
-    logger.close()
-    if created_group:
-        dist.barrier()
-        dist.destroy_process_group()
-    return {"best": best, "epochs": config.epochs, "seconds": time.time() - started}
+    summary: dict[str, Any] = {
+        "best": best,
+        "epochs": config.epochs,
+        "seconds": time.time() - started,
+    }
+    if config.patience is not None:
+        summary["stopped"] = stopped
+    return summary
