@@ -59,3 +59,84 @@ def last_index(lengths: Tensor | None, batch: int, size: int, device: torch.devi
     if lengths is None:
         return torch.full((batch,), size - 1, dtype=torch.long, device=device)
     return lengths - 1
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, Tensor):
+        return f"shape {tuple(x.shape)} and dtype {x.dtype}"
+    return type(x).__name__
+
+
+def check_mask(
+    name: str,
+    mask: object,
+    shape: tuple[int, ...],
+    device: torch.device | None,
+    prefix: bool = False,
+    min_length: int = 1,
+) -> Tensor:
+    """The one validator of boolean masks (True = real position); all True when ``None``.
+
+    Returns ``mask`` as a BoolTensor of ``shape`` on ``device`` (kept where it is when
+    ``device`` is None). With ``prefix=True`` the real positions must come first in the
+    last dimension (chains and trees are ordered) and number at least ``min_length`` per
+    row. ValueError naming the argument ``name`` otherwise.
+    """
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != shape:
+        raise ValueError(
+            f"`{name}` must be a BoolTensor of shape {shape} with True at real positions, "
+            f"got {_describe(mask)}"
+        )
+    if device is not None:
+        mask = mask.to(device)
+    if prefix:
+        prefix_lengths(name, mask, min_length)
+    return mask
+
+
+def prefix_lengths(name: str, mask: Tensor, min_length: int = 1) -> Tensor:
+    """Lengths [*] of a boolean mask [*, N] (True = real) whose real positions come first;
+    ValueError naming ``name`` if it is not such a mask or leaves fewer than ``min_length``
+    real positions in a row. One host synchronisation."""
+    lengths = mask.sum(-1)
+    # a prefix mask is non-increasing along the last dimension
+    gaps = (mask[..., 1:] & ~mask[..., :-1]).any() if mask.shape[-1] > 1 else mask.new_zeros(())
+    short = (lengths < min_length).any() if lengths.numel() else mask.new_zeros(())
+    gaps_b, short_b = torch.stack([gaps, short]).tolist()
+    if gaps_b:
+        raise ValueError(
+            f"`{name}` must be a prefix mask (real positions first, padding at the end) for "
+            "structured attention (chains and trees are ordered)"
+        )
+    if short_b:
+        raise ValueError(f"`{name}` must leave at least {min_length} real position(s) per item")
+    return lengths
+
+
+def split_attention_mask(
+    name: str, mask: object, shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """A mask in PyTorch's attention convention -> (allowed BoolTensor, additive bias or None).
+
+    A boolean mask is True where attention is NOT allowed; a float mask is added to the
+    scores, ``-inf`` entries meaning not allowed (as ``nn.MultiheadAttention`` treats both).
+    ``mask`` must have one of ``shapes``. The bias is ``None`` for a boolean mask and 0 at
+    not-allowed entries otherwise. ValueError naming ``name`` for other dtypes, shapes, NaN
+    or +inf.
+    """
+    if not isinstance(mask, Tensor) or tuple(mask.shape) not in shapes:
+        expected = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"`{name}` must have shape {expected}, got {_describe(mask)}")
+    if mask.dtype == torch.bool:
+        return ~mask, None
+    if not mask.is_floating_point():
+        raise ValueError(
+            f"`{name}` must be a boolean (True = not allowed) or float (added to the scores) "
+            f"tensor, got dtype {mask.dtype}"
+        )
+    if mask.numel() and not bool(mask.amax() < float("inf")):  # NaN or +inf; one host sync
+        raise ValueError(f"`{name}` contains NaN or +inf")
+    allowed = mask != float("-inf")
+    return allowed, mask.to(dtype).masked_fill(~allowed, 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validation import length_mask
+from .._validation import check_mask
 
 
 def as_queries(query: Tensor, name: str = "query") -> tuple[Tensor, bool]:
@@ -21,19 +21,6 @@ def check_memory(memory: Tensor, name: str = "memory") -> Tensor:
         shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
         raise ValueError(f"`{name}` must be a float tensor of shape [B, N, D], got {shape}")
     return memory
-
-
-def check_mask(mask: Tensor | None, batch: int, size: int, device: torch.device) -> Tensor:
-    """BoolTensor [B, N] (True = real position); all True when ``mask`` is None."""
-    if mask is None:
-        return torch.ones(batch, size, dtype=torch.bool, device=device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (batch, size):
-        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(
-            f"`mask` must be a BoolTensor of shape ({batch}, {size}) with True at real "
-            f"positions, got {shape}"
-        )
-    return mask.to(device)
 
 
 def check_attention_inputs(
@@ -52,21 +39,7 @@ def check_attention_inputs(
     values = memory if values is None else check_memory(values, "values")
     if values.shape[:2] != (batch, n):
         raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
-    return query3, single, memory, check_mask(mask, batch, n, memory.device), values
-
-
-def prefix_lengths(mask: Tensor, minimum: int = 1) -> Tensor:
-    """Lengths [B] of a padding mask whose real positions come first (required by chains and
-    trees, whose structure depends on position order). Raises ValueError otherwise."""
-    lengths = mask.sum(-1)
-    if not torch.equal(length_mask(lengths, mask.shape[0], mask.shape[1], mask.device), mask):
-        raise ValueError(
-            "`mask` must be a prefix mask (real positions first, padding at the end) for "
-            "structured attention"
-        )
-    if bool((lengths < minimum).any()):
-        raise ValueError(f"`mask` must leave at least {minimum} real position(s) per item")
-    return lengths
+    return query3, single, memory, check_mask("mask", mask, (batch, n), memory.device), values
 
 
 def masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:

@@ -19,15 +19,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_mask, prefix_lengths
 from ..distributions import LinearChainCRF
-from ._common import (
-    as_queries,
-    check_attention_inputs,
-    check_mask,
-    check_memory,
-    masked_softmax,
-    prefix_lengths,
-)
+from ._common import as_queries, check_attention_inputs, check_memory
+from .normalizers import segmentation_crf, segmentation_weights, sigmoid_weights, softmax_weights
 from .scorers import Scorer, make_scorer
 
 __all__ = ["AttentionOutput", "SegmentationAttention", "SigmoidAttention", "SoftmaxAttention"]
@@ -95,7 +90,7 @@ class SoftmaxAttention(_ScoredAttention):
     """
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
-        return masked_softmax(scores, mask.unsqueeze(1))
+        return softmax_weights(scores, mask.unsqueeze(1))
 
 
 class SigmoidAttention(_ScoredAttention):
@@ -105,7 +100,7 @@ class SigmoidAttention(_ScoredAttention):
     """
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
-        return torch.sigmoid(scores).masked_fill(~mask.unsqueeze(1), 0.0)
+        return sigmoid_weights(scores, mask.unsqueeze(1))
 
 
 class SegmentationAttention(_ScoredAttention):
@@ -158,19 +153,12 @@ class SegmentationAttention(_ScoredAttention):
 
     def crf(self, scores: Tensor, mask: Tensor) -> LinearChainCRF:
         """The chain for scores [B, Q, N] (one chain per query), batch B * Q."""
-        batch, queries, n = scores.shape
-        lengths = prefix_lengths(mask).repeat_interleave(queries)  # [B * Q]
-        on = scores.reshape(batch * queries, n)
-        # theta_i(0) = 0, theta_i(1) = score; built by a product, not a stack, so that the
-        # gradient of the scores is contiguous (bmm is several times slower on strided ones)
-        unary = on.unsqueeze(-1) * on.new_tensor([0.0, 1.0])  # [B*Q, N, 2]
-        return LinearChainCRF(unary, self.transitions.to(on.dtype), lengths, validate_args=False)
+        lengths = prefix_lengths("mask", mask).unsqueeze(1).expand(scores.shape[:2])  # [B, Q]
+        return segmentation_crf(scores, lengths, self.transitions)
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
-        batch, queries, n = scores.shape
-        # p(z_i = 1), [B*Q, N]; contiguous, as bmm is several times slower on a strided matrix
-        marginals = self.crf(scores, mask).marginals[..., 1].contiguous()
-        return marginals.reshape(batch, queries, n)
+        lengths = prefix_lengths("mask", mask).unsqueeze(1).expand(scores.shape[:2])  # [B, Q]
+        return segmentation_weights(scores, lengths, self.transitions)  # [B, Q, N]
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
         context = torch.bmm(weights, values)  # [B, Q, Dv]
@@ -182,7 +170,8 @@ class SegmentationAttention(_ScoredAttention):
     def decode(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
         """MAP segmentation z (LongTensor [B, Q, N] or [B, N]; -1 at padding) by Viterbi."""
         query3, single = as_queries(query)
-        mask = check_mask(mask, memory.shape[0], memory.shape[1], memory.device)
-        scores = self.scorer(check_memory(memory), query3)
+        memory = check_memory(memory)
+        mask = check_mask("mask", mask, tuple(memory.shape[:2]), memory.device)
+        scores = self.scorer(memory, query3)
         labels = self.crf(scores, mask).argmax.reshape(scores.shape)
         return labels[:, 0] if single else labels

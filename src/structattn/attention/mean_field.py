@@ -8,8 +8,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..structs.mean_field import mean_field_marginals
 from ._common import check_attention_inputs
+from .normalizers import mean_field_weights
 
 __all__ = ["MeanFieldAttention", "MeanFieldAttentionOutput"]
 
@@ -92,15 +92,8 @@ class MeanFieldAttention(nn.Module):
         values: Tensor | None = None,
     ) -> MeanFieldAttentionOutput:
         query3, single, memory, mask, values = check_attention_inputs(query, memory, mask, values)
-        batch, n, _ = memory.shape
-        queries = query3.shape[1]
-        unary, coupling = self.potentials(query3, memory, mask)
-        spins = mean_field_marginals(
-            unary.reshape(batch * queries, n),
-            coupling.reshape(batch * queries, n, n),
-            self.iterations,
-            mask.repeat_interleave(queries, dim=0),
-        ).reshape(batch, queries, n)
+        unary, coupling = self.potentials(query3, memory, mask)  # [B, Q, N], [B, Q, N, N]
+        spins = mean_field_weights(unary, coupling, mask.unsqueeze(1), self.iterations)
         context = torch.bmm(spins, values)  # [B, Q, Dv]
         out = MeanFieldAttentionOutput(context, spins, unary, coupling)
         if single:

@@ -7,8 +7,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_mask
 from ..distributions import LinearChainCRF
-from ._common import check_mask
 
 __all__ = ["MemoryCRFAttention", "MemoryCRFOutput"]
 
@@ -101,7 +101,7 @@ class MemoryCRFAttention(nn.Module):
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]
         batch, _, n, _ = keys.shape
-        mask = check_mask(mask, batch, n, keys.device)
+        mask = check_mask("mask", mask, (batch, n), keys.device)
         queries = self.queries(query)  # [B, K, D]
         unary = torch.einsum("bknd,bkd->bkn", keys, queries)  # theta_k(i)
         unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,45 +11,64 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..distributions import DependencyCRF, LinearChainCRF
-from ..distributions.dependency import TreeCRFBase
-from ..structs.mean_field import mean_field_marginals
-from ._common import masked_softmax, prefix_lengths
+from .._validation import prefix_lengths, split_attention_mask
+from .normalizers import (
+    NORMALIZERS,
+    mean_field_weights,
+    segmentation_weights,
+    self_attention_tree_weights,
+    sigmoid_weights,
+    softmax_weights,
+)
 
 __all__ = ["NORMALIZERS", "StructuredMultiheadAttention"]
 
-NORMALIZERS = ("softmax", "sigmoid", "segmentation", "projective", "non-projective", "mean-field")
-_STRUCTURED = ("segmentation", "projective", "non-projective")
+#: the parameters of structured heads (none of them exists when every head is softmax)
+_STRUCTURED_PARAMETERS = ("transitions", "root_key", "root_value", "coupling")
 
 
 class StructuredMultiheadAttention(nn.Module):
     r"""``nn.MultiheadAttention`` whose heads normalise scores with a structured distribution.
 
-    Same constructor arguments, parameters (``in_proj_weight``, ``in_proj_bias``,
-    ``out_proj``; or ``q/k/v_proj_weight`` when ``kdim``/``vdim`` differ) and call signature
-    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-    average_attn_weights=True, is_causal=False) -> (output, weights)``, so a state dict of
-    ``nn.MultiheadAttention`` loads into it. Masks follow PyTorch's conventions: a boolean
-    ``key_padding_mask``/``attn_mask`` is True where attention is NOT allowed (float masks
-    are added to the scores).
+    Same constructor arguments and call signature ``forward(query, key, value,
+    key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+    is_causal=False) -> (output, weights)``, batched ``[B, L, E]`` (``[L, B, E]`` without
+    ``batch_first``), unbatched ``[L, E]`` or nested (batch first) inputs. With only softmax
+    heads the parameters are exactly those of ``nn.MultiheadAttention`` (``in_proj_weight``,
+    ``in_proj_bias``, ``out_proj``; or ``q/k/v_proj_weight`` when ``kdim``/``vdim``
+    differ), so state dicts load both ways. Structured heads add their own parameters
+    (below); loading an ``nn.MultiheadAttention`` state dict sets those to their initial
+    values and warns.
 
-    With scores S = (Q W_q)(K W_k)^T / sqrt(d) per head, each head's weights are:
+    Masks follow PyTorch's conventions: a boolean ``key_padding_mask``/``attn_mask`` is True
+    where attention is NOT allowed; a float mask is added to the scores, ``-inf`` meaning not
+    allowed, so a float mask and the equivalent boolean mask give the same result for every
+    head. ``attn_mask`` is ``[L, S]`` or ``[B * num_heads, L, S]``.
+
+    With scores S = (Q W_q)(K W_k)^T / sqrt(d) per head, each head's weights are
+    (:mod:`structattn.attention.normalizers`):
 
     * ``"softmax"``: softmax over keys (identical to ``nn.MultiheadAttention``);
     * ``"sigmoid"``: sigmoid(S) (independent Bernoulli selection);
-    * ``"segmentation"``: p(z_i = 1) of a 2-state chain over the keys with unary S[q, i]
-      and a learned 2x2 transition matrix per head;
+    * ``"segmentation"``: p(z_i = 1) of a 2-state chain over each query's allowed keys with
+      unary S[q, i] and a learned 2x2 ``transitions`` matrix per head;
     * ``"projective"`` / ``"non-projective"``: self-attention (L = S) over soft parents: the
       weight of key h for query m is p(h is the head of m) under a dependency CRF with arc
-      scores S[m, h] and a learned ROOT key per head; the ROOT's share multiplies a learned
-      ROOT value (zero at init), so tree rows sum to 1 - p(m attaches to ROOT);
+      scores S[m, h] and a learned ``root_key`` per head; the ROOT's share multiplies a
+      learned ``root_value`` (zero at init), so tree rows sum to 1 - p(m attaches to ROOT);
     * ``"mean-field"``: k mean-field iterations with unary S and J = beta_h K K^T / sqrt(d)
-      (beta_h learned, 0 at init: starts as sigmoid attention).
+      (``coupling`` beta_h learned, 0 at init: starts as sigmoid attention).
 
     ``normalizer`` is one name for all heads or a sequence of ``num_heads`` names.
-    Structured heads need padding at the end of the keys and do not support ``attn_mask`` /
-    ``is_causal`` (a chain or tree over a masked subset is not defined); ``add_bias_kv`` and
-    ``add_zero_attn`` are not supported.
+    Segmentation and tree heads need padding at the end of the keys. Segmentation heads
+    take an ``attn_mask`` whose allowed keys come first in every row (e.g. a causal mask:
+    one chain over each query's prefix); tree heads take no ``attn_mask``/``is_causal``
+    (a tree is one structure over all positions: masked keys would still change the
+    weights). ``add_bias_kv`` and ``add_zero_attn`` are not supported.
+
+    In PyTorch's Transformer layers, softmax-only layers keep the fused inference kernel
+    (fast path, nested tensors); with any other head the layers call :meth:`forward`, since
+    ``_qkv_same_embed_dim`` (the attribute they read to choose the kernel) is then False.
 
     Example:
         >>> mha = StructuredMultiheadAttention(16, 4, batch_first=True,
@@ -58,6 +78,11 @@ class StructuredMultiheadAttention(nn.Module):
         >>> out.shape, weights.shape
         (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
     """
+
+    transitions: nn.Parameter | None  # [segmentation heads, 2, 2]
+    root_key: nn.Parameter | None  # [tree heads, d]
+    root_value: nn.Parameter | None  # [tree heads, d]
+    coupling: nn.Parameter | None  # [mean-field heads]
 
     def __init__(
         self,
@@ -83,21 +108,33 @@ class StructuredMultiheadAttention(nn.Module):
         names = [normalizer] * num_heads if isinstance(normalizer, str) else list(normalizer)
         if len(names) != num_heads or any(n not in NORMALIZERS for n in names):
             raise ValueError(
-                f"`normalizer` must be one of {NORMALIZERS} or a list of {num_heads} of them, "
-                f"got {normalizer!r}"
+                f"`normalizer` must be one of {tuple(NORMALIZERS)} or a list of {num_heads} "
+                f"of them, got {normalizer!r}"
             )
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._packed_projections = self.kdim == embed_dim and self.vdim == embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.batch_first = batch_first
-        self.normalizers = names
+        self.normalizers = tuple(names)
         self.mean_field_iterations = mean_field_iterations
-        if self._qkv_same_embed_dim:
+        # the heads of each normaliser (one batched call per kind), and each head's slot in
+        # the parameters of its kind
+        self._groups = {k: [i for i, n in enumerate(names) if n == k] for k in dict.fromkeys(names)}
+        users = {
+            p: [i for i, n in enumerate(names) if p in NORMALIZERS[n].parameters]
+            for p in _STRUCTURED_PARAMETERS
+        }
+        self._slots = {
+            k: [users[NORMALIZERS[k].parameters[0]].index(i) for i in heads]
+            for k, heads in self._groups.items()
+            if NORMALIZERS[k].parameters
+        }
+        if self._packed_projections:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
@@ -112,18 +149,27 @@ class StructuredMultiheadAttention(nn.Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        # structured-head parameters (one slot per head; unused slots are harmless)
-        self.transitions = nn.Parameter(torch.zeros(num_heads, 2, 2, **factory))
-        self.root_key = nn.Parameter(torch.zeros(num_heads, self.head_dim, **factory))
-        self.root_value = nn.Parameter(torch.zeros(num_heads, self.head_dim, **factory))
-        self.coupling = nn.Parameter(torch.zeros(num_heads, **factory))
+        # structured-head parameters: one slot per head that uses them, none otherwise
+        shapes = {
+            "transitions": (2, 2),
+            "root_key": (self.head_dim,),
+            "root_value": (self.head_dim,),
+            "coupling": (),
+        }
+        for name, shape in shapes.items():
+            if users[name]:
+                value = torch.empty(len(users[name]), *shape, **factory)
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_parameter(name, None)
         self._reset_parameters()
 
     @classmethod
     def from_torch(
         cls, mha: nn.MultiheadAttention, normalizer: str | Sequence[str] = "softmax", **kwargs
     ) -> StructuredMultiheadAttention:
-        """Build from an existing ``nn.MultiheadAttention``, copying its weights."""
+        """Build from an existing ``nn.MultiheadAttention``, copying its weights (structured
+        parameters start at their initial values)."""
         if mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("`add_bias_kv` and `add_zero_attn` are not supported")
         ref = mha.out_proj.weight
@@ -140,11 +186,24 @@ class StructuredMultiheadAttention(nn.Module):
             normalizer=normalizer,
             **kwargs,
         )
-        new.load_state_dict(mha.state_dict(), strict=False)
+        state = mha.state_dict()
+        for name in _STRUCTURED_PARAMETERS:
+            p = getattr(new, name)
+            if p is not None:
+                state[name] = p.detach()
+        new.load_state_dict(state)
         return new
 
+    def _initial_value(self, name: str) -> Tensor:
+        """A freshly initialised value of the structured parameter ``name``."""
+        p = getattr(self, name)
+        value = torch.zeros_like(p, requires_grad=False)
+        if name == "root_key":
+            nn.init.normal_(value, std=self.head_dim**-0.5)
+        return value
+
     def _reset_parameters(self) -> None:
-        if self._qkv_same_embed_dim:
+        if self._packed_projections:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:
             nn.init.xavier_uniform_(self.q_proj_weight)
@@ -153,12 +212,73 @@ class StructuredMultiheadAttention(nn.Module):
         if self.in_proj_bias is not None:
             nn.init.constant_(self.in_proj_bias, 0.0)
             nn.init.constant_(self.out_proj.bias, 0.0)
-        nn.init.normal_(self.root_key, std=self.head_dim**-0.5)
+        with torch.no_grad():
+            for name in _STRUCTURED_PARAMETERS:
+                p = getattr(self, name)
+                if p is not None:
+                    p.copy_(self._initial_value(name))
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # an nn.MultiheadAttention state dict (or one of softmax-only heads) has projections
+        # but no structured parameters: initialise those and say so. (PyTorch's
+        # load_state_dict hands each module its own copy of the dict.)
+        has_projections = any(
+            prefix + name in state_dict for name in ("in_proj_weight", "q_proj_weight")
+        )
+        absent = [
+            name
+            for name in _STRUCTURED_PARAMETERS
+            if getattr(self, name) is not None and prefix + name not in state_dict
+        ]
+        if has_projections and absent:
+            for name in absent:
+                state_dict[prefix + name] = self._initial_value(name)
+            warnings.warn(
+                f"StructuredMultiheadAttention ({prefix or 'top level'}): the state dict has "
+                f"no {', '.join(absent)} (an nn.MultiheadAttention state dict?); they were "
+                "set to their initial values",
+                UserWarning,
+                stacklevel=3,
+            )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    # ---- what PyTorch's Transformer layers read -----------------------------------------------
+    @property
+    def _qkv_same_embed_dim(self) -> bool:
+        """True when PyTorch's Transformer layers may run this module through their fused
+        softmax kernel (``in_proj_weight`` packed and every head softmax). They read this
+        attribute (like ``nn.MultiheadAttention``'s) before their fast path and the encoder's
+        nested-tensor path; any other head makes it False, so that they call :meth:`forward`."""
+        return self._packed_projections and set(self.normalizers) == {"softmax"}
+
+    def merge_masks(
+        self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, query: Tensor
+    ) -> tuple[Tensor | None, int | None]:
+        """``nn.MultiheadAttention.merge_masks``, for PyTorch's fused encoder-layer kernel."""
+        if not self._qkv_same_embed_dim:  # the fused kernel would compute softmax heads
+            raise RuntimeError("the fused softmax kernel cannot run structured heads")
+        return nn.MultiheadAttention.merge_masks(
+            self,  # type: ignore[arg-type]  # reads only num_heads
+            attn_mask,
+            key_padding_mask,
+            query,
+        )
 
     # ---- projections ------------------------------------------------------------------------
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         e = self.embed_dim
-        if self._qkv_same_embed_dim:
+        if self._packed_projections:
             w_q, w_k, w_v = self.in_proj_weight.split(e)
         else:
             w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
@@ -170,55 +290,6 @@ class StructuredMultiheadAttention(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B,H,L,d]
-
-    # ---- normalisers ------------------------------------------------------------------------
-    def _tree(
-        self, scores: Tensor, q: Tensor, heads: Tensor, lengths: Tensor, kind: str
-    ) -> tuple[Tensor, Tensor]:
-        """scores [B, h, L, L] for the heads ``heads`` -> (weights [B, h, L, L], root [B,h,L])."""
-        batch, nh, length, _ = scores.shape
-        root = torch.einsum("bhld,hd->bhl", q, self.root_key[heads]) / math.sqrt(self.head_dim)
-        arcs = scores.new_zeros(batch, nh, length + 1, length + 1)
-        arcs[:, :, 0, 1:] = root  # ROOT -> m
-        arcs[:, :, 1:, 1:] = scores.transpose(-1, -2)  # arcs[h, m] = S[m, h]
-        flat = arcs.reshape(batch * nh, length + 1, length + 1)
-        tree_lengths = (lengths + 1).repeat_interleave(nh)
-        dist: TreeCRFBase
-        if kind == "projective":
-            dist = DependencyCRF(flat, tree_lengths, validate_args=False)
-        else:
-            from ..distributions.nonprojective import NonProjectiveDependencyCRF
-
-            dist = NonProjectiveDependencyCRF(flat, tree_lengths, validate_args=False)
-        marginals = dist.marginals.reshape(batch, nh, length + 1, length + 1)
-        return marginals[:, :, 1:, 1:].transpose(-1, -2), marginals[:, :, 0, 1:]
-
-    def _segmentation(self, scores: Tensor, heads: Tensor, lengths: Tensor) -> Tensor:
-        batch, nh, queries, keys = scores.shape
-        on = scores.reshape(-1, keys)  # [B*h*L, S]
-        unary = torch.stack([torch.zeros_like(on), on], dim=-1)  # [B*h*L, S, 2]
-        pairwise = self.transitions[heads].to(on.dtype)  # [h, 2, 2]
-        pairwise = pairwise.view(1, nh, 1, 1, 2, 2).expand(batch, nh, queries, keys - 1, 2, 2)
-        chain_lengths = lengths.repeat_interleave(nh * queries)
-        crf = LinearChainCRF(
-            unary, pairwise.reshape(-1, keys - 1, 2, 2), chain_lengths, validate_args=False
-        )
-        return crf.marginals[..., 1].reshape(batch, nh, queries, keys)
-
-    def _mean_field(self, scores: Tensor, k: Tensor, heads: Tensor, allowed: Tensor) -> Tensor:
-        batch, nh, queries, keys = scores.shape
-        beta = self.coupling[heads].view(1, nh, 1, 1)
-        coupling = beta * torch.einsum("bhid,bhjd->bhij", k, k) / math.sqrt(self.head_dim)
-        eye = torch.eye(keys, dtype=torch.bool, device=scores.device)
-        coupling = coupling.masked_fill(eye, 0.0).unsqueeze(2).expand(-1, -1, queries, -1, -1)
-        mask = allowed.expand(batch, nh, queries, keys).reshape(-1, keys)
-        spins = mean_field_marginals(
-            scores.reshape(-1, keys),
-            coupling.reshape(-1, keys, keys),
-            self.mean_field_iterations,
-            mask,
-        )
-        return spins.reshape(batch, nh, queries, keys)
 
     # ---- forward ----------------------------------------------------------------------------
     def forward(
@@ -232,77 +303,205 @@ class StructuredMultiheadAttention(nn.Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        if not self.batch_first:
+        """As ``nn.MultiheadAttention.forward``: (output like ``query``, weights [B, L, S]
+        averaged over heads or [B, H, L, S]; without B for unbatched input; None unless
+        ``need_weights``)."""
+        if query.is_nested or key.is_nested or value.is_nested:
+            return self._forward_nested(
+                query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights, is_causal,
+            )  # fmt: skip
+        rank = query.dim()
+        if rank not in (2, 3) or key.dim() != rank or value.dim() != rank:
+            raise ValueError(
+                "`query`, `key` and `value` must all be batched (3-D) or all unbatched (2-D), "
+                f"got shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+            )
+        unbatched = rank == 2
+        if unbatched:  # [L, E] -> [1, L, E]; attn_mask [L, S] or [H, L, S] is then valid
+            query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+            if key_padding_mask is not None:
+                if key_padding_mask.dim() != 1:
+                    raise ValueError(
+                        "`key_padding_mask` must have shape (S,) for unbatched input, got "
+                        f"{tuple(key_padding_mask.shape)}"
+                    )
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:
             query, key, value = (x.transpose(0, 1) for x in (query, key, value))
-        batch, length, _ = query.shape
-        source = key.shape[1]
-        q, k, v = (self._heads(x) for x in self._project(query, key, value))  # [B, H, *, d]
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B,H,L,S]
-
-        allowed = torch.ones(batch, 1, 1, source, dtype=torch.bool, device=scores.device)
-        if key_padding_mask is not None:
-            if key_padding_mask.shape != (batch, source):
-                raise ValueError(f"`key_padding_mask` must have shape ({batch}, {source})")
-            if key_padding_mask.dtype == torch.bool:
-                allowed = ~key_padding_mask.view(batch, 1, 1, source)
-            else:
-                scores = scores + key_padding_mask.view(batch, 1, 1, source).to(scores.dtype)
-        if is_causal and attn_mask is None:
-            attn_mask = torch.ones(length, source, dtype=torch.bool, device=scores.device)
-            attn_mask = attn_mask.triu(1)
-        structured = any(n in _STRUCTURED for n in self.normalizers)
-        if attn_mask is not None:
-            if structured:
-                raise ValueError("`attn_mask`/`is_causal` are not supported by structured heads")
-            mask = (
-                attn_mask.view(-1, self.num_heads, length, source)
-                if attn_mask.dim() == 3
-                else attn_mask
-            )
-            if mask.dtype == torch.bool:
-                allowed = allowed & ~mask
-            else:
-                scores = scores + mask.to(scores.dtype)
-        lengths = None
-        if structured:
-            lengths = prefix_lengths(allowed.view(batch, source), minimum=1)
-
-        weights = torch.zeros_like(scores)
-        root_share = None
-        for name in dict.fromkeys(self.normalizers):  # one batched call per normaliser kind
-            heads = torch.tensor(
-                [i for i, n in enumerate(self.normalizers) if n == name], device=scores.device
-            )
-            s = scores.index_select(1, heads)
-            if name == "softmax":
-                w = masked_softmax(s, allowed)
-            elif name == "sigmoid":
-                w = torch.sigmoid(s).masked_fill(~allowed, 0.0)
-            elif name == "segmentation":
-                assert lengths is not None
-                w = self._segmentation(s, heads, lengths)
-            elif name == "mean-field":
-                w = self._mean_field(s, k.index_select(1, heads), heads, allowed)
-            else:
-                if length != source:
-                    raise ValueError(f"'{name}' heads need self-attention (L == S)")
-                assert lengths is not None
-                w, root = self._tree(s, q.index_select(1, heads), heads, lengths, name)
-                share = torch.zeros(batch, self.num_heads, length, device=scores.device)
-                root_share = (root_share if root_share is not None else share).index_copy(
-                    1, heads, root.to(share.dtype)
-                )
-            weights = weights.index_copy(1, heads, w)
-        if self.training and self.dropout > 0:
-            weights = F.dropout(weights, p=self.dropout)
-        out = torch.matmul(weights, v)  # [B, H, L, d]
-        if root_share is not None:
-            out = out + root_share.to(out.dtype).unsqueeze(-1) * self.root_value.view(
-                1, self.num_heads, 1, self.head_dim
-            )
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
-        if not self.batch_first:
+        out, weights = self._attend(query, key, value, key_padding_mask, attn_mask, is_causal)
+        if unbatched:
+            out = out[0]
+        elif not self.batch_first:
             out = out.transpose(0, 1)
         if not need_weights:
             return out, None
-        return out, weights.mean(1) if average_attn_weights else weights
+        weights = weights.mean(1) if average_attn_weights else weights  # [B, (H,) L, S]
+        return out, weights[0] if unbatched else weights
+
+    def _forward_nested(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        average_attn_weights: bool,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Nested (batch-first) inputs, as PyTorch's encoder passes them to its layers in
+        inference: padded, attended with the padding mask, and nested again."""
+        if not (query.is_nested and key.is_nested and value.is_nested):
+            raise ValueError("`query`, `key` and `value` must be all nested or none")
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise ValueError(
+                "nested inputs carry their own padding: pass no `key_padding_mask`, "
+                "`attn_mask` or `is_causal`"
+            )
+        if not self.batch_first:
+            raise ValueError("nested inputs need `batch_first=True`")
+        lengths = [t.shape[0] for t in query.unbind()]
+        key_lengths = torch.tensor([t.shape[0] for t in key.unbind()], device=key.device)
+        q, k, v = (x.to_padded_tensor(0.0) for x in (query, key, value))  # [B, L|S, E]
+        padding = torch.arange(k.shape[1], device=k.device) >= key_lengths.unsqueeze(-1)
+        out, weights = self.forward(
+            q, k, v, padding, need_weights, average_attn_weights=average_attn_weights
+        )
+        pieces = [out[i, :n] for i, n in enumerate(lengths)]
+        return torch.nested.as_nested_tensor(pieces, layout=query.layout), weights
+
+    def _masks(
+        self,
+        scores: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(scores plus any float mask, allowed BoolTensor broadcastable to the scores
+        [B, H, L, S] or None = all, key lengths [B] for ordered heads or None)."""
+        batch, heads, length, source = scores.shape
+        device = scores.device
+        ordered = any(NORMALIZERS[k].ordered for k in self._groups)
+        allowed = key_lengths = None
+        if key_padding_mask is not None:
+            keep, bias = split_attention_mask(
+                "key_padding_mask", key_padding_mask, ((batch, source),), scores.dtype
+            )
+            keep = keep.to(device)
+            if bias is not None:
+                scores = scores + bias.to(device).view(batch, 1, 1, source)
+            if ordered:
+                key_lengths = prefix_lengths("key_padding_mask", keep)  # [B]
+            allowed = keep.view(batch, 1, 1, source)
+        if is_causal and attn_mask is None:
+            attn_mask = torch.ones(length, source, dtype=torch.bool, device=device).triu(1)
+        if attn_mask is not None:
+            joint = [k for k in self._groups if NORMALIZERS[k].joint]
+            if joint:
+                raise ValueError(
+                    f"'{joint[0]}' heads do not take `attn_mask`/`is_causal`: a tree is one "
+                    "structure over all positions, so masked keys would still change every "
+                    "query's weights; pass padding as `key_padding_mask`"
+                )
+            keep, bias = split_attention_mask(
+                "attn_mask",
+                attn_mask,
+                ((length, source), (batch * heads, length, source)),
+                scores.dtype,
+            )
+            shape = (1, 1, length, source) if keep.dim() == 2 else (batch, heads, length, source)
+            keep = keep.to(device).view(shape)
+            if bias is not None:
+                scores = scores + bias.to(device).view(shape)
+            if ordered:  # every row's allowed keys first (e.g. causal)
+                prefix_lengths("attn_mask", keep)
+            allowed = keep if allowed is None else allowed & keep
+        return scores, allowed, key_lengths
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Batch-first attention: (output [B, L, E], weights [B, H, L, S])."""
+        batch, length, _ = query.shape
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != batch:
+            raise ValueError(
+                "`key` and `value` must have the batch of `query` and one length, got shapes "
+                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+            )
+        source = key.shape[1]
+        q, k, v = (self._heads(x) for x in self._project(query, key, value))  # [B, H, *, d]
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B,H,L,S]
+        scores, allowed, key_lengths = self._masks(scores, key_padding_mask, attn_mask, is_causal)
+
+        parts: list[tuple[Tensor | None, Tensor]] = []  # (head indices or None = all, weights)
+        root_terms: list[tuple[Tensor | None, Tensor]] = []  # tree heads' ROOT values
+        for kind, heads in self._groups.items():  # one batched call per normaliser kind
+            index = None
+            s, qh, kh, mask = scores, q, k, allowed
+            if len(heads) < self.num_heads:
+                index = torch.tensor(heads, device=scores.device)
+                s, qh, kh = (x.index_select(1, index) for x in (scores, q, k))
+                if mask is not None and mask.shape[1] > 1:
+                    mask = mask.index_select(1, index)
+            nh = len(heads)
+            slots = self._slots.get(kind)
+            if kind == "softmax":
+                w = s.softmax(-1) if mask is None else softmax_weights(s, mask)
+            elif kind == "sigmoid":
+                w = torch.sigmoid(s) if mask is None else sigmoid_weights(s, mask)
+            elif kind == "segmentation":
+                assert self.transitions is not None and slots is not None
+                lengths = (
+                    torch.full(s.shape[:-1], source, device=s.device)
+                    if mask is None
+                    else mask.expand(s.shape).sum(-1)
+                )  # [B, h, L]: each query's chain
+                transitions = self.transitions[slots].view(1, nh, 1, 2, 2)
+                w = segmentation_weights(s, lengths, transitions)
+            elif kind == "mean-field":
+                assert self.coupling is not None and slots is not None
+                beta = self.coupling[slots].view(1, nh, 1, 1)
+                coupling = beta * torch.matmul(kh, kh.transpose(-1, -2)) / math.sqrt(self.head_dim)
+                eye = torch.eye(source, dtype=torch.bool, device=s.device)
+                coupling = coupling.masked_fill(eye, 0.0).unsqueeze(2)  # [B, h, 1, S, S]
+                keep = mask if mask is not None else torch.ones_like(s, dtype=torch.bool)
+                w = mean_field_weights(s, coupling, keep, self.mean_field_iterations)
+            else:  # projective, non-projective: self-attention over soft parents
+                assert self.root_key is not None and self.root_value is not None
+                assert slots is not None
+                if length != source:
+                    raise ValueError(f"'{kind}' heads need self-attention (L == S)")
+                root = torch.einsum("bhld,hd->bhl", qh, self.root_key[slots])
+                lengths = (
+                    torch.full((batch,), source, device=s.device)
+                    if key_lengths is None
+                    else key_lengths
+                )
+                w, share = self_attention_tree_weights(
+                    s, root / math.sqrt(self.head_dim), lengths.view(batch, 1).expand(-1, nh), kind
+                )
+                value_root = self.root_value[slots].view(1, nh, 1, self.head_dim)
+                root_terms.append((index, share.unsqueeze(-1) * value_root))  # [B, h, L, d]
+            parts.append((index, w))
+        if len(parts) == 1:
+            weights = parts[0][1]
+        else:
+            weights = scores.new_zeros(batch, self.num_heads, length, source)
+            for index, w in parts:
+                assert index is not None
+                weights = weights.index_copy(1, index, w.to(weights.dtype))
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, p=self.dropout)
+        out = torch.matmul(weights, v)  # [B, H, L, d]
+        for index, term in root_terms:
+            term = term.to(out.dtype)
+            out = out + term if index is None else out.index_add(1, index, term)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
+        return out, weights

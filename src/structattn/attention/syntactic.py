@@ -8,9 +8,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..distributions import DependencyCRF
+from .._validation import check_mask, prefix_lengths
 from ..distributions.base import StructuredDistribution
-from ._common import check_mask, check_memory, masked_softmax, prefix_lengths
+from ._common import check_memory, masked_softmax
+from .normalizers import tree_distribution
 
 __all__ = ["BiLSTMArcScorer", "SyntacticAttention", "SyntacticAttentionOutput"]
 
@@ -117,8 +118,8 @@ class SyntacticAttention(nn.Module):
     def _prepare(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Inputs with ROOT [B, N', D] and their lengths [B]."""
         x = check_memory(x, "x")
-        mask = check_mask(mask, x.shape[0], x.shape[1], x.device)
-        lengths = prefix_lengths(mask, minimum=1 if self.prepend_root else 2)
+        mask = check_mask("mask", mask, tuple(x.shape[:2]), x.device)
+        lengths = prefix_lengths("mask", mask, 1 if self.prepend_root else 2)
         if self.root is not None:
             root = self.root.to(x.dtype).expand(x.shape[0], 1, -1)
             x = torch.cat([root, x], dim=1)
@@ -126,11 +127,7 @@ class SyntacticAttention(nn.Module):
         return x, lengths
 
     def distribution(self, arc_scores: Tensor, lengths: Tensor) -> StructuredDistribution:
-        if self.structure == "projective":
-            return DependencyCRF(arc_scores, lengths, self.multiroot, validate_args=False)
-        from ..distributions.nonprojective import NonProjectiveDependencyCRF
-
-        return NonProjectiveDependencyCRF(arc_scores, lengths, self.multiroot, validate_args=False)
+        return tree_distribution(arc_scores, lengths, self.structure, self.multiroot)
 
     def _marginals(self, arc_scores: Tensor, lengths: Tensor) -> Tensor:
         if self.structure != "softmax":

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._validation import check_mask
+
 __all__ = [
     "LSTMN",
     "LSTMNCell",
@@ -179,19 +181,6 @@ def _check_features(name: str, x: object, rank: int, size: int) -> Tensor:
             f"got {_describe(x)}"
         )
     return x
-
-
-def _check_mask(name: str, mask: object, shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """BoolTensor of ``shape`` (True = real position); all True when ``mask`` is None."""
-    if mask is None:
-        return torch.ones(shape, dtype=torch.bool, device=device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != shape:
-        raise ValueError(
-            f"`{name}` must be a BoolTensor of shape {shape} with True at real positions, "
-            f"got {_describe(mask)}"
-            + (f" of dtype {mask.dtype}" if isinstance(mask, Tensor) else "")
-        )
-    return mask.to(device)
 
 
 def _check_size(name: str, value: object) -> int:
@@ -344,7 +333,7 @@ class LSTMNCell(nn.Module):
         if state is None:
             state = self.initial_state(batch, inputs.device, inputs.dtype)
         state = _check_state(state, batch, self.hidden_size)
-        real = _check_mask("mask", mask, (batch,), inputs.device)
+        real = check_mask("mask", mask, (batch,), inputs.device)
         hidden, memory, weights, state = self._step(
             self.attn_input(inputs), self.input_gates(inputs), state, real
         )
@@ -364,7 +353,7 @@ class LSTMNCell(nn.Module):
         """
         inputs = _check_features("inputs", inputs, rank=3, size=self.input_size)
         batch, length, _ = inputs.shape
-        mask = _check_mask("mask", mask, (batch, length), inputs.device)
+        mask = check_mask("mask", mask, (batch, length), inputs.device)
         x_attn = self.attn_input(inputs)  # W_x x_t for all t, [B, T, H]
         x_gates = self.input_gates(inputs)  # W[:, x] x_t + b for all t, [B, T, 4H]
         state = self.initial_state(batch, inputs.device, inputs.dtype)
@@ -431,7 +420,7 @@ class LSTMN(nn.Module):
         """
         inputs = _check_features("inputs", inputs, rank=3, size=self.input_size)
         batch, length, _ = inputs.shape
-        mask = _check_mask("mask", mask, (batch, length), inputs.device)
+        mask = check_mask("mask", mask, (batch, length), inputs.device)
         layer_input = inputs
         outputs: list[LSTMNOutput] = []
         for k, cell in enumerate(self.layers):
@@ -560,7 +549,7 @@ class LSTMNDecoder(nn.Module):
                     f"`source_memory` must have the shape of `source_hidden` "
                     f"{tuple(source_hidden.shape)}, got {tuple(memory.shape)}"
                 )
-        mask = _check_mask("source_mask", source_mask, (batch, length), source_hidden.device)
+        mask = check_mask("source_mask", source_mask, (batch, length), source_hidden.device)
         if source_mask is not None and not bool(mask.any(-1).all()):
             raise ValueError("`source_mask` must leave at least one real source position per item")
         return LSTMNSource(source_hidden, memory, self.inter_source(source_hidden), mask)
@@ -636,7 +625,7 @@ class LSTMNDecoder(nn.Module):
             raise ValueError(
                 f"`source` must be an LSTMNSource (see `prepare_source`) with batch {batch}"
             )
-        real = _check_mask("mask", mask, (batch,), inputs.device)
+        real = check_mask("mask", mask, (batch,), inputs.device)
         out, _ = self._step(*self._project(inputs), state, source, real)
         return out
 
@@ -662,7 +651,7 @@ class LSTMNDecoder(nn.Module):
         """
         inputs = _check_features("inputs", inputs, rank=3, size=self.input_size)
         batch, length, _ = inputs.shape
-        mask = _check_mask("mask", mask, (batch, length), inputs.device)
+        mask = check_mask("mask", mask, (batch, length), inputs.device)
         source = self.prepare_source(source_hidden, source_memory, source_mask)
         if source.hidden.shape[0] != batch:
             raise ValueError(

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .._validation import check_potentials
+from .._validation import check_mask, check_potentials
 from ..structs.stick_breaking import (
     bradley_terry_gates,
     expected_gates,
@@ -45,13 +45,7 @@ GateKind = Literal["stick-breaking", "bradley-terry"]
 def _check_inputs(name: str, x: object, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Validate x [B, T, D] and mask [B, T]; return (x, mask) with mask all True if None."""
     x = check_potentials(name, x, rank=3, allow_neg_inf=False)
-    batch, n, _ = x.shape
-    if mask is None:
-        return x, torch.ones(batch, n, dtype=torch.bool, device=x.device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (batch, n):
-        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"`mask` must be a BoolTensor of shape ({batch}, {n}), got {shape}")
-    return x, mask.to(x.device)
+    return x, check_mask("mask", mask, tuple(x.shape[:2]), x.device)
 
 
 class ParsingOutput(NamedTuple):
