@@ -2,8 +2,67 @@
 on malformed input.
 
 - :mod:`~structattn.data.tree_transduction`: prefix -> infix formulas (Kim et al. 2017, 4.1).
+- :mod:`~structattn.data.lm`: word-level LM corpora (PTB, WikiText-2), streams for truncated
+  BPTT, perplexity.
+- :mod:`~structattn.data.classification`: sentence / sentence-pair classification (SICK,
+  SNLI, SST), padded length-bucketed batches.
+- :mod:`~structattn.data.conllu`: CoNLL-U treebanks (UD English-EWT), UAS / LAS,
+  projectivity.
+
+Metrics shared across tasks (accuracy, confusion matrix, perplexity) are in
+:mod:`structattn.metrics`.
 """
 
+from .classification import (
+    NLI_LABELS,
+    SST_BINARY_LABELS,
+    SST_FINE_LABELS,
+    ClassificationBatch,
+    ClassificationExample,
+    LabelVocabulary,
+    SSTNode,
+    WordVocabulary,
+    default_nli_data_dir,
+    make_batches,
+    parse_sst_tree,
+    read_sick,
+    read_snli,
+    read_snli_jsonl,
+    read_sst,
+    split_holdout,
+)
+from .conllu import (
+    PUNCT_TAGS,
+    AttachmentScores,
+    ConlluSentence,
+    attachment_scores,
+    check_tree,
+    conllu_stats,
+    default_ud_data_dir,
+    format_conllu,
+    is_projective,
+    non_projective_arcs,
+    parse_conllu,
+    read_conllu,
+    write_conllu,
+)
+from .lm import (
+    EOS,
+    LM_SPLITS,
+    UNK,
+    BPTTWindow,
+    LMCorpus,
+    LMVocabulary,
+    StreamEvaluation,
+    batchify,
+    bptt_windows,
+    corpus_files,
+    corpus_stats,
+    default_lm_data_dir,
+    evaluate_stream,
+    load_lm_corpus,
+    read_lm_lines,
+)
 from .tree_transduction import (
     Expr,
     GeneratorConfig,
@@ -21,6 +80,54 @@ from .tree_transduction import (
 )
 
 __all__ = [
+    # lm
+    "EOS",
+    "LM_SPLITS",
+    "UNK",
+    "BPTTWindow",
+    "LMCorpus",
+    "LMVocabulary",
+    "StreamEvaluation",
+    "batchify",
+    "bptt_windows",
+    "corpus_files",
+    "corpus_stats",
+    "default_lm_data_dir",
+    "evaluate_stream",
+    "load_lm_corpus",
+    "read_lm_lines",
+    # classification
+    "NLI_LABELS",
+    "SST_BINARY_LABELS",
+    "SST_FINE_LABELS",
+    "ClassificationBatch",
+    "ClassificationExample",
+    "LabelVocabulary",
+    "SSTNode",
+    "WordVocabulary",
+    "default_nli_data_dir",
+    "make_batches",
+    "parse_sst_tree",
+    "read_sick",
+    "read_snli",
+    "read_snli_jsonl",
+    "read_sst",
+    "split_holdout",
+    # conllu
+    "PUNCT_TAGS",
+    "AttachmentScores",
+    "ConlluSentence",
+    "attachment_scores",
+    "check_tree",
+    "conllu_stats",
+    "default_ud_data_dir",
+    "format_conllu",
+    "is_projective",
+    "non_projective_arcs",
+    "parse_conllu",
+    "read_conllu",
+    "write_conllu",
+    # tree transduction
     "Expr",
     "GeneratorConfig",
     "Pair",

@@ -1,0 +1,201 @@
+"""Task metrics shared by the data modules and the recipes: accuracy, confusion matrix with
+per-class precision / recall / F1, perplexity.
+
+Only the standard library: any layer may import this module (it imports nothing of
+structattn). Attachment scores (UAS / LAS) live with the CoNLL-U reader
+(:func:`structattn.data.conllu.attachment_scores`), which knows the punctuation tags.
+
+>>> cm = ConfusionMatrix.build(["a", "a", "b", "b"], ["a", "b", "b", "b"], labels=["a", "b"])
+>>> cm.matrix, cm.accuracy
+(((1, 1), (0, 2)), 0.75)
+>>> round(cm.precision("b"), 3), cm.recall("b"), round(cm.f1("b"), 3)
+(0.667, 1.0, 0.8)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConfusionMatrix", "accuracy", "perplexity"]
+
+
+def accuracy(predicted: Sequence[object], gold: Sequence[object]) -> float:
+    """Fraction of predictions equal to the gold labels (multiply by 100 for %); the
+    sequences must be non-empty and of equal length.
+
+    >>> accuracy(["entailment", "neutral"], ["entailment", "contradiction"])
+    0.5
+    """
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold labels")
+    if not gold:
+        raise ValueError("no labels to score")
+    return sum(p == g for p, g in zip(predicted, gold, strict=True)) / len(gold)
+
+
+def perplexity(total_nll: float, tokens: int) -> float:
+    """``exp(total_nll / tokens)``: the perplexity of a stream whose predictions have summed
+    negative log-likelihood ``total_nll`` (nats). ``tokens`` counts every prediction
+    (``<eos>`` included for word-level LMs).
+
+    >>> perplexity(4 * math.log(10.0), 4)  # a uniform model over 10 words
+    10.000000000000002
+    """
+    if isinstance(tokens, bool) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    if not math.isfinite(total_nll) or total_nll < 0:
+        raise ValueError(f"total NLL must be finite and >= 0, got {total_nll}")
+    mean = total_nll / tokens
+    return math.exp(mean) if mean < 709.0 else math.inf  # exp overflows float64 past ~709.78
+
+
+@dataclass(frozen=True)
+class ConfusionMatrix:
+    """Counts ``matrix[g][p]`` of examples with gold label ``labels[g]`` predicted as
+    ``labels[p]`` (rows gold, columns predicted).
+
+    Precision, recall and F1 of a class with no predictions / no gold examples are 0 (as
+    scikit-learn's ``zero_division=0``); :attr:`macro_f1` averages F1 over all labels.
+    """
+
+    labels: tuple[Hashable, ...]  # class order of rows and columns
+    matrix: tuple[tuple[int, ...], ...]  # [C, C] counts, rows gold, columns predicted
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if len(set(self.labels)) != n:
+            raise ValueError(f"duplicate labels: {self.labels}")
+        if len(self.matrix) != n or any(len(row) != n for row in self.matrix):
+            raise ValueError(f"matrix must be {n} x {n} for {n} labels")
+
+    @classmethod
+    def build(
+        cls,
+        gold: Sequence[Hashable],
+        predicted: Sequence[Hashable],
+        labels: Sequence[Hashable] | None = None,
+    ) -> ConfusionMatrix:
+        """Count pairs; ``labels`` fixes the class order (default: sorted gold and predicted
+        labels). A label outside ``labels`` raises ``ValueError``."""
+        if len(predicted) != len(gold):
+            raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold labels")
+        if labels is None:
+            labels = sorted(set(gold) | set(predicted), key=repr)
+        order = tuple(labels)
+        index = {label: i for i, label in enumerate(order)}
+        counts = [[0] * len(order) for _ in order]
+        for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+            if g not in index or p not in index:
+                bad = g if g not in index else p
+                raise ValueError(f"example {i}: label {bad!r} is not one of {order}")
+            counts[index[g]][index[p]] += 1
+        return cls(order, tuple(tuple(row) for row in counts))
+
+    def _index(self, label: Hashable) -> int:
+        try:
+            return self.labels.index(label)
+        except ValueError:
+            raise ValueError(f"unknown label {label!r}; labels are {self.labels}") from None
+
+    @property
+    def total(self) -> int:
+        """Number of examples."""
+        return sum(map(sum, self.matrix))
+
+    @property
+    def accuracy(self) -> float:
+        """Trace / total (``nan`` for an empty matrix)."""
+        total = self.total
+        return (
+            sum(self.matrix[i][i] for i in range(len(self.labels))) / total if total else math.nan
+        )
+
+    def support(self, label: Hashable) -> int:
+        """Gold examples of ``label`` (its row sum)."""
+        return sum(self.matrix[self._index(label)])
+
+    def precision(self, label: Hashable) -> float:
+        """Correct / predicted as ``label`` (0 when nothing was predicted as it)."""
+        k = self._index(label)
+        predicted = sum(row[k] for row in self.matrix)
+        return self.matrix[k][k] / predicted if predicted else 0.0
+
+    def recall(self, label: Hashable) -> float:
+        """Correct / gold ``label`` (0 when it has no gold examples)."""
+        k = self._index(label)
+        gold = sum(self.matrix[k])
+        return self.matrix[k][k] / gold if gold else 0.0
+
+    def f1(self, label: Hashable) -> float:
+        """Harmonic mean of precision and recall (0 when both are 0)."""
+        p, r = self.precision(label), self.recall(label)
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    @property
+    def macro_f1(self) -> float:
+        """Unweighted mean of the per-class F1."""
+        return sum(self.f1(label) for label in self.labels) / len(self.labels)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: labels (as strings), matrix, accuracy, macro F1 and per-class
+        precision / recall / F1 / support."""
+        return {
+            "labels": [str(label) for label in self.labels],
+            "matrix": [list(row) for row in self.matrix],
+            "accuracy": self.accuracy,
+            "macro_f1": self.macro_f1,
+            "per_class": {
+                str(label): {
+                    "precision": self.precision(label),
+                    "recall": self.recall(label),
+                    "f1": self.f1(label),
+                    "support": self.support(label),
+                }
+                for label in self.labels
+            },
+        }
+
+    def format(self) -> str:
+        """A plain-text table: the counts (rows gold, columns predicted) and per-class
+        precision / recall / F1 in percent.
+
+        >>> print(ConfusionMatrix.build(["a", "b"], ["a", "a"], labels=["a", "b"]).format())
+        gold \\ pred  a  b     P %     R %    F1 %  n
+        a            1  0    50.0   100.0    66.7  1
+        b            1  0     0.0     0.0     0.0  1
+        accuracy 50.0 %, macro F1 33.3 %
+        """
+        names = [str(label) for label in self.labels]
+        head = "gold \\ pred"
+        first = max(len(head), *(len(n) for n in names))
+        widths = [
+            max(len(n), *(len(str(row[j])) for row in self.matrix)) for j, n in enumerate(names)
+        ]
+        support = max(1, *(len(str(self.support(label))) for label in self.labels))
+        tail = ["P %".rjust(6), "R %".rjust(6), "F1 %".rjust(6), "n".rjust(support)]
+        lines = [
+            "  ".join(
+                [
+                    head.ljust(first),
+                    *(n.rjust(w) for n, w in zip(names, widths, strict=True)),
+                    *tail,
+                ]
+            )
+        ]
+        for i, label in enumerate(self.labels):
+            scores = (self.precision(label), self.recall(label), self.f1(label))
+            lines.append(
+                "  ".join(
+                    [
+                        names[i].ljust(first),
+                        *(str(c).rjust(w) for c, w in zip(self.matrix[i], widths, strict=True)),
+                        *(f"{100 * x:6.1f}" for x in scores),
+                        str(self.support(label)).rjust(support),
+                    ]
+                )
+            )
+        lines.append(f"accuracy {100 * self.accuracy:.1f} %, macro F1 {100 * self.macro_f1:.1f} %")
+        return "\n".join(lines)
