@@ -449,6 +449,20 @@ def test_checkpoint_contents_and_weights_only_loading(tmp_path: Path) -> None:
         fit(classifier_task(), TrainConfig(epochs=2, lr=0.1, **QUIET), tmp_path / "run", True)
 
 
+def test_resume_from_a_checkpoint_without_the_new_fields(tmp_path: Path) -> None:
+    """Checkpoints written before optimizers, schedules, TBPTT and early stopping existed."""
+    config = TrainConfig(epochs=2, lr=0.1, decay_start=1, **QUIET)
+    fit(classifier_task(), config, tmp_path / "full")
+    fit(classifier_task(), replace(config, epochs=1), tmp_path / "old")
+    state = load_checkpoint(tmp_path / "old" / "checkpoint.pt")
+    for key in ("optimizer_name", "bad_evals", "last_eval", "stopped", "carry"):
+        del state[key]
+    del state["schedule"]["kind"]
+    save_checkpoint(tmp_path / "old" / "checkpoint.pt", state)
+    fit(classifier_task(), config, tmp_path / "old", resume=True)
+    _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "old"))
+
+
 def test_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
@@ -521,6 +535,9 @@ def test_tbptt_resume_is_bit_for_bit(tmp_path: Path) -> None:
     assert (state["epoch"], state["batch"], state["step"]) == (2, 1, 6)
     h, c = state["carry"][0]  # one process; the state after batch 1 of epoch 2
     assert h.shape == (1, ROWS, 8) and h.abs().sum() > 0
+    save_checkpoint(tmp_path / "two" / "checkpoint.pt", {**state, "carry": state["carry"] * 2})
+    with pytest.raises(CheckpointError, match="carried state of 2 processes: resume it with 2"):
+        fit(lm_task(), config, tmp_path / "two", resume=True)
     fit(lm_task(), config, tmp_path / "crash", resume=True)
     _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "crash"))
     losses = [[r["loss"] for r in _records(tmp_path / d, "train")] for d in ("full", "crash")]

@@ -251,7 +251,14 @@ def fit(
                 )
     rank, world, created_group = _distributed()
     try:
-        summary = _fit(task, config, Path(run_dir), resume, rank, world)
+        device = _device(config.device)
+        if device.type == "cuda" and world > 1:
+            torch.cuda.set_device(device)  # collectives of Python objects use this device
+        logger = _Logger(Path(run_dir), enabled=rank == 0, progress=config.progress)
+        try:
+            summary = _train(task, config, Path(run_dir), resume, rank, world, device, logger)
+        finally:
+            logger.close()
     except BaseException:
         if created_group:
             dist.destroy_process_group()
@@ -260,19 +267,6 @@ def fit(
         dist.barrier()
         dist.destroy_process_group()
     return summary
-
-
-def _fit(
-    task: Task, config: TrainConfig, run_dir: Path, resume: bool, rank: int, world: int
-) -> dict[str, Any]:
-    device = _device(config.device)
-    if device.type == "cuda" and world > 1:
-        torch.cuda.set_device(device)  # collectives of Python objects use the current device
-    logger = _Logger(run_dir, enabled=rank == 0, progress=config.progress)
-    try:
-        return _train(task, config, run_dir, resume, rank, world, device, logger)
-    finally:
-        logger.close()
 
 
 def _train(
@@ -285,6 +279,7 @@ def _train(
     device: torch.device,
     logger: _Logger,
 ) -> dict[str, Any]:
+    """The loop itself (:func:`fit` sets up and tears down the process group and logger)."""
     model = task.model.to(device)
     optimizer = make_optimizer(model.parameters(), config)
     schedule = make_schedule(config)
