@@ -427,8 +427,9 @@ def test_resume_after_a_crash_mid_epoch(tmp_path: Path) -> None:
     assert len(_records(tmp_path / "crash", "train")) == 7  # step 7 was logged before
     fit(classifier_task(), config, tmp_path / "crash", resume=True)
     _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "crash"))
-    losses = [[r["loss"] for r in _records(tmp_path / d, "train")] for d in ("full", "crash")]
-    assert losses[0] == losses[1] and len(losses[0]) == 8
+    for kind, key in (("train", "loss"), ("epoch", "train_loss")):  # the epoch's mean too
+        a, b = ([r[key] for r in _records(tmp_path / d, kind)] for d in ("full", "crash"))
+        assert a == b and len(a) == {"train": 8, "epoch": 2}[kind]
 
 
 def test_checkpoint_contents_and_weights_only_loading(tmp_path: Path) -> None:
@@ -438,7 +439,9 @@ def test_checkpoint_contents_and_weights_only_loading(tmp_path: Path) -> None:
     assert {"model", "optimizer", "optimizer_name", "schedule", "rng", "epoch", "batch"} <= set(
         state
     )
-    assert {"step", "best", "bad_evals", "last_eval", "stopped", "carry", "config"} <= set(state)
+    assert {"step", "best", "bad_evals", "last_eval", "stopped", "carry", "epoch_loss"} <= set(
+        state
+    )
     assert (state["epoch"], state["batch"], state["step"]) == (2, 0, 4)
     assert state["optimizer_name"] == "adam" and state["schedule"]["kind"] == "plateau"
     assert state["config"] == {"toy": "classifier"} and state["extra"] == {"vocab": ["a", "b"]}
@@ -455,7 +458,7 @@ def test_resume_from_a_checkpoint_without_the_new_fields(tmp_path: Path) -> None
     fit(classifier_task(), config, tmp_path / "full")
     fit(classifier_task(), replace(config, epochs=1), tmp_path / "old")
     state = load_checkpoint(tmp_path / "old" / "checkpoint.pt")
-    for key in ("optimizer_name", "bad_evals", "last_eval", "stopped", "carry"):
+    for key in ("optimizer_name", "bad_evals", "last_eval", "stopped", "carry", "epoch_loss"):
         del state[key]
     del state["schedule"]["kind"]
     save_checkpoint(tmp_path / "old" / "checkpoint.pt", state)

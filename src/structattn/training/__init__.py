@@ -3,7 +3,7 @@ truncated BPTT, early stopping, logging, DDP."""
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .loop import Task, fit, load_model_state, map_tensors
+from .loop import Task, fit, load_model_state
 from .optim import LRSchedule, PlateauSchedule, make_optimizer, make_schedule
 
 __all__ = [
@@ -17,6 +17,5 @@ __all__ = [
     "load_model_state",
     "make_optimizer",
     "make_schedule",
-    "map_tensors",
     "save_checkpoint",
 ]

@@ -101,14 +101,14 @@ class Task:
             raise ValueError("a Task needs exactly one of `loss` and `stateful_loss`")
 
 
-def map_tensors(fn: Callable[[Tensor], Tensor], state: Any) -> Any:
+def _map_tensors(fn: Callable[[Tensor], Tensor], state: Any) -> Any:
     """``state`` with ``fn`` applied to every tensor in it (plain tuples, lists and dicts)."""
     if isinstance(state, Tensor):
         return fn(state)
     if type(state) in (tuple, list):
-        return type(state)(map_tensors(fn, x) for x in state)
+        return type(state)(_map_tensors(fn, x) for x in state)
     if type(state) is dict:
-        return {key: map_tensors(fn, value) for key, value in state.items()}
+        return {key: _map_tensors(fn, value) for key, value in state.items()}
     if state is None or isinstance(state, bool | int | float | str):
         return state
     raise TypeError(
@@ -290,6 +290,7 @@ def _train(
     last_eval: dict[str, Any] | None = None  # {"step", "metrics"} of the latest validation
     stopped: dict[str, int] | None = None  # {"epoch", "step"} once early stopping fired
     carry: Any = None  # the state the task carries from batch to batch (stateful_loss)
+    total_loss, total_count = 0.0, 0  # this epoch's so far (mid-epoch checkpoints keep them)
     if resume:
         path = run_dir / "checkpoint.pt"
         state = load_checkpoint(path)
@@ -312,6 +313,7 @@ def _train(
         bad_evals = state.get("bad_evals", 0)
         last_eval = state.get("last_eval")
         stopped = state.get("stopped")
+        total_loss, total_count = state.get("epoch_loss", [0.0, 0])
         carried = state.get("carry")
         if carried is not None and task.stateful_loss is not None:
             if len(carried) != world:
@@ -319,7 +321,7 @@ def _train(
                     f"{path} holds the carried state of {len(carried)} processes: resume it "
                     f"with {len(carried)}, not {world}"
                 )
-            carry = map_tensors(lambda t: t.to(device), carried[rank])
+            carry = _map_tensors(lambda t: t.to(device), carried[rank])
         if rank == 0:  # forget what was logged after this checkpoint: it is redone
             _truncate_log(run_dir / "metrics.jsonl", step)
     elif rank == 0:
@@ -336,7 +338,7 @@ def _train(
 
     def gather_carry() -> list[Any] | None:
         """Every rank's carried state, on the CPU, in rank order (on rank 0; None elsewhere)."""
-        local = map_tensors(lambda t: t.detach().cpu(), carry)  # checkpoints only
+        local = _map_tensors(lambda t: t.detach().cpu(), carry)  # checkpoints only
         if world == 1:
             return [local]
         gathered: list[Any] = [None] * world
@@ -365,6 +367,7 @@ def _train(
                 "last_eval": last_eval,
                 "stopped": stopped,
                 "carry": carried,
+                "epoch_loss": [total_loss, total_count] if batch > 0 else [0.0, 0],
                 "config": task.config,
                 "extra": task.extra,
             },
@@ -439,8 +442,9 @@ def _train(
         batches = task.batches(epoch)
         if start_batch == 0:
             carry = None  # each epoch starts its streams afresh
+            total_loss, total_count = 0.0, 0  # the epoch's summed loss and examples or tokens
         bar = logger.bar(len(batches), start_batch, f"epoch {epoch}/{config.epochs}")
-        total_loss, total_count, window_tokens, window_start = 0.0, 0, 0, time.time()
+        window_tokens, window_start = 0, time.time()
         for index in range(start_batch, len(batches)):
             examples = batches[index]
             local = examples[rank::world]
@@ -453,7 +457,7 @@ def _train(
                 loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
                     train_model, batch, carry
                 )
-                carry = map_tensors(Tensor.detach, carry)  # truncate backpropagation here
+                carry = _map_tensors(Tensor.detach, carry)  # truncate backpropagation here
             else:
                 assert task.loss is not None
                 loss_sum, n_examples, n_tokens = task.loss(train_model, batch)
