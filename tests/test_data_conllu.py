@@ -223,6 +223,8 @@ def test_ud_english_ewt(split: str, sentences: int, words: int, non_projective: 
     assert format_conllu(parsed) == path.read_text(encoding="utf-8")  # byte-identical
     gold = attachment_scores(parsed, [s.heads or () for s in parsed])
     assert gold.uas == gold.uas_no_punct == 1.0
+    if split != "dev":
+        return
     conllu = pytest.importorskip("conllu")  # cross-check against the conllu package
     reference = conllu.parse(path.read_text(encoding="utf-8"))
     assert len(reference) == len(parsed)

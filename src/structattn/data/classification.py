@@ -520,72 +520,57 @@ class SSTNode:
             yield from child.nodes()
 
 
-_SST_PIECE = re.compile(r"\(|\)|[^()]+")
-
-
-def _sst_tokens(line: str) -> list[str]:
-    """``(``, ``)``, labels and words. A leaf's text runs to its ``)``: the one leaf with
-    inner whitespace in SST (``8<NBSP> 1\\/2``, the film) becomes one word with its
-    whitespace runs replaced by ``_`` (``8_1\\/2``), so joined sentences split back
-    correctly."""
-    tokens: list[str] = []
-    for piece in _SST_PIECE.findall(line):
-        if piece in ("(", ")"):
-            tokens.append(piece)
-        elif piece.strip():
-            if tokens and tokens[-1] == "(":
-                label, _, word = piece.strip().partition(" ")
-                tokens.append(label)
-                if word.strip():
-                    tokens.append("_".join(word.split()))
-            else:
-                tokens.append("_".join(piece.split()))
-    return tokens
+# "(label" | ")" | text with a non-space character (whitespace between brackets is skipped)
+_SST_PIECE = re.compile(r"\(\s*([^\s()]*)|(\))|([^()]*[^()\s][^()]*)")
+_SST_LABELS = {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4}
 
 
 def parse_sst_tree(line: str, where: str = "<tree>") -> SSTNode:
     """Parse ``(3 (2 It) (4 (2 's) (4 great)))``; ``ValueError("<where>: ...")`` on
-    unbalanced brackets, a label outside 0-4, a node without a word or children, or text
-    after the tree.
+    unbalanced brackets, a label outside 0-4, a node without a word or children, a word
+    beside children, or text after the tree.
+
+    A leaf's word is its text up to ``)``: the one leaf with inner whitespace in SST
+    (``8<NBSP> 1\\/2``, the film) becomes one word with each whitespace run replaced by
+    ``_`` (``8_1\\/2``), so sentences joined with spaces split back correctly.
 
     >>> parse_sst_tree("(3 (2 It) (4 (2 's) (4 great)))").leaves()
     ['It', "'s", 'great']
     """
-    tokens = _sst_tokens(line)
-    pos = 0
-
-    def node() -> SSTNode:
-        nonlocal pos
-        if pos >= len(tokens) or tokens[pos] != "(":
-            found = tokens[pos] if pos < len(tokens) else "the end of the line"
-            raise ValueError(f"{where}: expected '(' at token {pos + 1}, found {found!r}")
-        pos += 1
-        if pos >= len(tokens) or tokens[pos] not in ("0", "1", "2", "3", "4"):
-            found = tokens[pos] if pos < len(tokens) else "the end of the line"
-            raise ValueError(f"{where}: expected a label 0-4 after '(', found {found!r}")
-        label = int(tokens[pos])
-        pos += 1
-        if pos < len(tokens) and tokens[pos] not in ("(", ")"):
-            word = tokens[pos]
-            pos += 1
-            result = SSTNode(label=label, word=word)
+    stack: list[tuple[int, list[SSTNode], list[str]]] = []  # (label, children, word pieces)
+    root: SSTNode | None = None
+    for k, (label, close, text) in enumerate(_SST_PIECE.findall(line)):
+        if root is not None:
+            raise ValueError(f"{where}: text after the tree (piece {k + 1}): {line[-20:]!r}")
+        if close:
+            if not stack:
+                raise ValueError(f"{where}: unbalanced ')' (piece {k + 1})")
+            value, children, words = stack.pop()
+            if words:
+                node = SSTNode(label=value, word="_".join(words))
+            elif children:
+                node = SSTNode(label=value, children=tuple(children))
+            else:
+                raise ValueError(f"{where}: node with label {value} has no word or children")
+            if stack:
+                stack[-1][1].append(node)
+            else:
+                root = node
+        elif text:
+            if not stack:
+                raise ValueError(f"{where}: expected '(', found {text.strip()[:20]!r}")
+            if stack[-1][1]:
+                raise ValueError(f"{where}: a word and a subtree in one node (piece {k + 1})")
+            stack[-1][2].extend(text.split())
         else:
-            children = []
-            while pos < len(tokens) and tokens[pos] == "(":
-                children.append(node())
-            if not children:
-                raise ValueError(f"{where}: node with label {label} has no word or children")
-            result = SSTNode(label=label, children=tuple(children))
-        if pos >= len(tokens) or tokens[pos] != ")":
-            found = tokens[pos] if pos < len(tokens) else "the end of the line"
-            raise ValueError(f"{where}: expected ')' at token {pos + 1}, found {found!r}")
-        pos += 1
-        return result
-
-    tree = node()
-    if pos != len(tokens):
-        raise ValueError(f"{where}: text after the tree: {' '.join(tokens[pos:])[:40]!r}")
-    return tree
+            if label not in _SST_LABELS:
+                raise ValueError(f"{where}: expected a label 0-4 after '(', found {label!r}")
+            if stack and stack[-1][2]:
+                raise ValueError(f"{where}: a word and a subtree in one node (piece {k + 1})")
+            stack.append((_SST_LABELS[label], [], []))
+    if root is None:
+        raise ValueError(f"{where}: expected ')' at the end of the line (unbalanced brackets)")
+    return root
 
 
 def _sst_label(label: int, task: str) -> str | None:

@@ -305,14 +305,14 @@ def corpus_stats(corpus: LMCorpus) -> dict[str, Any]:
     splits = {}
     for split, split_lines in corpus.lines.items():
         words = sum(len(line) for line in split_lines)
-        oov = sum(1 for line in split_lines for t in line if t not in corpus.vocab and t != UNK)
         stream = corpus.streams[split]
+        unk = int((stream == corpus.vocab.unk_id).sum())
         splits[split] = {
             "lines": len(split_lines),
             "words": words,
             "tokens": int(stream.numel()),
-            "unk": int((stream == corpus.vocab.unk_id).sum()),
-            "oov": oov,
+            "unk": unk,
+            "oov": unk - sum(line.count(UNK) for line in split_lines),  # the rest are the files'
         }
     return {"vocab_size": len(corpus.vocab), "splits": splits}
 
