@@ -374,7 +374,7 @@ def test_import_does_not_load_matplotlib_and_plots_name_the_extra(tmp_path: Path
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def _metrics_file(tmp_path: Path) -> Path:
+def _some_run(tmp_path: Path) -> Path:
     return _write_metrics(tmp_path / "run", _records(epochs=2, steps_per_epoch=3))
 
 
@@ -386,7 +386,7 @@ _DRAWING_CALLS: dict[str, Callable[[Path], Any]] = {
     "interaction_map": lambda d: viz.interaction_map([[0.0]], None, d / "x.png"),
     "depth_curves": lambda d: viz.depth_curves({"a": {1: 50.0}}, d / "x.png"),
     "grouped_bars": lambda d: viz.grouped_bars(["t"], {"a": [1.0]}, d / "x.png"),
-    "training_curves": lambda d: viz.training_curves(_metrics_file(d), d / "x.png"),
+    "training_curves": lambda d: viz.training_curves(_some_run(d), d / "x.png"),
     "require_matplotlib": lambda d: viz.require_matplotlib(),
 }
 
@@ -481,25 +481,37 @@ def _write_metrics(run_dir: Path, records: list[dict[str, Any]], tail: str = "")
     return run_dir
 
 
+class _Drawn:
+    """What the figures that training_curves saved show: per figure, {panel's y label:
+    (lines drawn, y scale)} and the runs' legend labels."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, tuple[int, str]]] = []
+        self.runs: list[list[str]] = []
+
+
 @pytest.fixture
-def drawn(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, tuple[int, str]]]:
-    """For each figure training_curves saves: {panel's y label: (lines drawn, y scale)}."""
+def drawn(monkeypatch: pytest.MonkeyPatch) -> _Drawn:
     from structattn.viz import results
 
-    figures: list[dict[str, tuple[int, str]]] = []
+    seen = _Drawn()
     save = results._save
 
     def spy(fig: Any, out: Path, fmt: str) -> Path:
-        panels = [ax for ax in fig.axes if ax.get_ylabel()]  # the runs' legend row has none
-        figures.append({ax.get_ylabel(): (len(ax.get_lines()), ax.get_yscale()) for ax in panels})
+        panels = [ax for ax in fig.axes if ax.get_ylabel()]  # the legend row has no y label
+        seen.panels.append(
+            {ax.get_ylabel(): (len(ax.get_lines()), ax.get_yscale()) for ax in panels}
+        )
+        legends = [ax.get_legend() for ax in fig.axes if not ax.get_ylabel()]
+        seen.runs.append([text.get_text() for text in legends[0].get_texts()])
         return save(fig, out, fmt)
 
     monkeypatch.setattr(results, "_save", spy)
-    return figures
+    return seen
 
 
 @needs_matplotlib
-def test_training_curves_overlay_runs(tmp_path: Path, drawn: list[dict[str, Any]]) -> None:
+def test_training_curves_overlay_runs(tmp_path: Path, drawn: _Drawn) -> None:
     a = _write_metrics(tmp_path / "a" / "seed0", _records(epochs=3, steps_per_epoch=4))
     b = _write_metrics(tmp_path / "b" / "seed0", _records(epochs=2, steps_per_epoch=5, lr=0.1))
     c = _write_metrics(tmp_path / "c", _records(epochs=2, steps_per_epoch=2, valid=False))
@@ -508,24 +520,28 @@ def test_training_curves_overlay_runs(tmp_path: Path, drawn: list[dict[str, Any]
     _assert_png(out)
     # per run: logged steps + epoch means on the loss panel; lr halved 3x: log scale; the
     # validation panels have lines for a and b only (c did not validate)
-    assert drawn[-1] == {
+    assert drawn.panels[-1] == {
         "train loss": (6, "linear"),
         "learning rate": (3, "log"),
         "validation metric": (2, "linear"),
         "validation accuracy": (2, "linear"),
     }
+    # labelled by directory name, by the path as given where two names coincide
+    assert drawn.runs[-1] == [str(a), str(b), "c"]
     # labels, a chosen metric (with or without the prefix), another format
     svg = viz.training_curves(
         {"lr 1": a, "lr 0.1": b}, tmp_path / "c.svg", metrics=["valid_accuracy"], title="t"
     )
     assert svg.read_text().lstrip().startswith("<?xml")
-    assert list(drawn[-1]) == ["train loss", "learning rate", "validation accuracy"]
-    viz.training_curves(a, tmp_path / "one.png", metrics=["metric"])  # a single run
-    assert drawn[-1]["validation metric"] == (1, "linear")
+    assert list(drawn.panels[-1]) == ["train loss", "learning rate", "validation accuracy"]
+    assert drawn.runs[-1] == ["lr 1", "lr 0.1"]
+    viz.training_curves(str(a), tmp_path / "one.png", metrics=["metric"])  # a single run
+    assert drawn.panels[-1]["validation metric"] == (1, "linear")
+    assert drawn.runs[-1] == ["seed0"]
 
 
 @needs_matplotlib
-def test_training_curves_skip_missing_keys(tmp_path: Path, drawn: list[dict[str, Any]]) -> None:
+def test_training_curves_skip_missing_keys(tmp_path: Path, drawn: _Drawn) -> None:
     records: list[dict[str, Any]] = [
         {"kind": "train", "epoch": 1, "step": 1, "loss": 2.0},  # no lr
         {"kind": "train", "epoch": 1, "loss": 1.9, "lr": 0.5},  # no step
@@ -533,17 +549,20 @@ def test_training_curves_skip_missing_keys(tmp_path: Path, drawn: list[dict[str,
         {"kind": "epoch", "epoch": 1, "step": 3, "valid_metric": 40.0},  # no train_loss, lr
         {"kind": "epoch", "step": 6, "train_loss": 1.0, "valid_metric": 41.0},  # no epoch
         {"kind": "epoch", "epoch": 3, "step": 9, "valid_metric": True, "valid_f1": 0.5},
+        {"kind": "epoch", "epoch": 4, "step": 12, "valid_f1": float("inf")},  # a gap
+        {"kind": "epoch", "epoch": 5, "step": 15, "valid_f1": float("nan")},  # a gap
     ]
     run = _write_metrics(tmp_path / "partial", records)
+    assert "Infinity" in (run / "metrics.jsonl").read_text()  # as json.dumps writes it
     _assert_png(viz.training_curves(run, tmp_path / "p.png"))
-    assert drawn[-1] == {
+    assert drawn.panels[-1] == {
         "train loss": (2, "linear"),  # steps 1 (loss), 6 (train_loss)
         "validation metric": (1, "linear"),  # epoch 1 only: True is not a number
         "validation f1": (1, "linear"),
     }  # no lr anywhere: no lr panel
     only_lr = _write_metrics(tmp_path / "lr", [{"step": 1, "lr": 0.1}, {"step": 2, "lr": 0.1}])
     viz.training_curves(only_lr, tmp_path / "lr.png")
-    assert drawn[-1] == {"learning rate": (1, "linear")}
+    assert drawn.panels[-1] == {"learning rate": (1, "linear")}
 
 
 @needs_matplotlib
@@ -578,19 +597,15 @@ def test_training_curves_clear_errors(tmp_path: Path) -> None:
 
 
 @needs_matplotlib
-def test_training_curves_skip_a_last_line_cut_short(
-    tmp_path: Path, drawn: list[dict[str, Any]]
-) -> None:
+def test_training_curves_skip_a_last_line_cut_short(tmp_path: Path, drawn: _Drawn) -> None:
     # a run that crashed (or is still writing) leaves its last line incomplete
     run = _write_metrics(tmp_path / "run", _records(1, 3), tail='{"kind": "train", "st')
     _assert_png(viz.training_curves(run, tmp_path / "c.png"))
-    assert drawn[-1]["train loss"] == (2, "linear")
+    assert drawn.panels[-1]["train loss"] == (2, "linear")
 
 
 @needs_matplotlib
-def test_training_curves_of_runs_written_by_fit(
-    tmp_path: Path, drawn: list[dict[str, Any]]
-) -> None:
+def test_training_curves_of_runs_written_by_fit(tmp_path: Path, drawn: _Drawn) -> None:
     # the format as the training loop writes it today, on a two-parameter toy task
     def run(name: str, lr: float) -> Path:
         torch.manual_seed(0)
@@ -615,7 +630,7 @@ def test_training_curves_of_runs_written_by_fit(
 
     runs = {"lr 0.01": run("a", 0.01), "lr 0.001": run("b", 0.001)}
     _assert_png(viz.training_curves(runs, tmp_path / "fit.png"))
-    assert drawn[-1] == {
+    assert drawn.panels[-1] == {
         "train loss": (4, "linear"),
         "learning rate": (2, "log"),  # 0.01 down to 0.001 / 4: log scale
         "validation metric": (2, "linear"),

@@ -28,7 +28,7 @@ from ._common import (
     _text_inches,
 )
 
-__all__ = ["interaction_map", "maximum_spanning_tree"]
+__all__ = ["interaction_map"]
 
 
 def _tidy_tree_layout(n: int, edges: list[tuple[int, int]], root: int) -> np.ndarray:

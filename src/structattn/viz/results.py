@@ -149,10 +149,11 @@ class _Curves:
 
 
 def _number(value: object) -> float | None:
-    """``value`` as a float when it is a JSON number (not a bool), else None."""
+    """``value`` as a float when it is a JSON number (not a bool), else None; NaN and
+    +-Infinity (which json writes) become NaN: a gap in the line."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else math.nan
 
 
 def _metrics_file(run: RunPath) -> Path:
