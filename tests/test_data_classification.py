@@ -25,7 +25,7 @@ from structattn.data.classification import (
     split_holdout,
     tokenize,
 )
-from structattn.metrics import ConfusionMatrix, accuracy
+from structattn.metrics import ConfusionMatrix, accuracy, paired_bootstrap
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -213,6 +213,23 @@ def test_accuracy_and_confusion_matrix_by_hand() -> None:
     with pytest.raises(ValueError, match="2 predictions for 1"):
         accuracy([1, 2], [1])
     assert torch.tensor(cm.matrix).sum().item() == 6
+
+
+def test_paired_bootstrap() -> None:
+    gold_a = [1, 1, 1, 0] * 100  # 75 % correct
+    same = paired_bootstrap(gold_a, gold_a, samples=500)
+    assert same.difference == 0.0 and same.p_value == 1.0 and same.low == same.high == 0.0
+    better = paired_bootstrap(gold_a, [1, 1, 0, 0] * 100, samples=2000, seed=1)
+    assert better.difference == pytest.approx(0.25) and better.p_value == 0.0
+    assert better.low < 0.25 < better.high
+    # one differing item in 400: not significant
+    close = paired_bootstrap(gold_a, [0, *gold_a[1:]], samples=2000)
+    assert close.p_value > 0.3
+    assert paired_bootstrap(gold_a, gold_a, samples=10, seed=3) == paired_bootstrap(
+        gold_a, gold_a, samples=10, seed=3
+    )
+    with pytest.raises(ValueError, match="equal length"):
+        paired_bootstrap([1, 0], [1])
 
 
 def _real(path: Path) -> Path:

@@ -16,6 +16,7 @@ from structattn.data.lm import (
     corpus_files,
     corpus_stats,
     evaluate_stream,
+    line_nll,
     load_lm_corpus,
     read_lm_lines,
 )
@@ -141,6 +142,13 @@ def test_perplexity_of_a_hand_stream_is_exp_mean_nll() -> None:
         assert result.tokens == 5
         assert result.total_nll == pytest.approx(expected)
         assert result.perplexity == pytest.approx(math.exp(expected / 5))
+        # per-line NLL (the predictions file): lines "0 1 1 2 2 0" has no <eos> id here, so
+        # take 2 as <eos>: lines [0 1 1 2] [2] [0]; the first token is not predicted
+        result = evaluate_stream(bigram, batchify(stream, 1), bptt=bptt, keep_token_nll=True)
+        assert result.token_nll is not None
+        lines = line_nll(stream, result.token_nll, eos_id=2)
+        assert [n for _, n in lines] == [3, 1, 1]
+        assert sum(x for x, _ in lines) == pytest.approx(expected)
     assert perplexity(5 * math.log(3), 5) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="positive"):
         perplexity(1.0, 0)

@@ -22,7 +22,7 @@ from .classification import (
     LabelVocabulary,
     SSTNode,
     WordVocabulary,
-    default_nli_data_dir,
+    default_classification_data_dir,
     make_batches,
     parse_sst_tree,
     read_sick,
@@ -60,6 +60,7 @@ from .lm import (
     corpus_stats,
     default_lm_data_dir,
     evaluate_stream,
+    line_nll,
     load_lm_corpus,
     read_lm_lines,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "corpus_stats",
     "default_lm_data_dir",
     "evaluate_stream",
+    "line_nll",
     "load_lm_corpus",
     "read_lm_lines",
     # classification
@@ -105,7 +107,7 @@ __all__ = [
     "LabelVocabulary",
     "SSTNode",
     "WordVocabulary",
-    "default_nli_data_dir",
+    "default_classification_data_dir",
     "make_batches",
     "parse_sst_tree",
     "read_sick",

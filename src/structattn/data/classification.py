@@ -55,7 +55,7 @@ __all__ = [
     "LabelVocabulary",
     "SSTNode",
     "WordVocabulary",
-    "default_nli_data_dir",
+    "default_classification_data_dir",
     "make_batches",
     "parse_sst_tree",
     "read_sick",
@@ -191,7 +191,7 @@ class WordVocabulary(TokenVocabulary):
         counts: Counter[str] = Counter()
         for ex in examples:
             for sentence in (ex.tokens, ex.pair or ()):
-                counts.update(t.lower() for t in sentence) if lower else counts.update(sentence)
+                counts.update([t.lower() for t in sentence] if lower else sentence)
         for special in cls.SPECIALS:
             counts.pop(special, None)
         words = [w for w, c in counts.most_common() if c >= min_count]
@@ -333,7 +333,7 @@ def split_holdout(
 # ----------------------------------------------------------------------------- NLI readers
 
 
-def default_nli_data_dir(name: Literal["sick", "snli_devtest", "sst"]) -> Path:
+def default_classification_data_dir(name: Literal["sick", "snli_devtest", "sst"]) -> Path:
     """``../shared/data/<name>`` relative to the working directory, else to the repository;
     ``FileNotFoundError`` (pass ``--data-dir``) when neither exists."""
     relative = Path("..", "shared", "data", name)

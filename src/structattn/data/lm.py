@@ -64,6 +64,7 @@ __all__ = [
     "corpus_stats",
     "default_lm_data_dir",
     "evaluate_stream",
+    "line_nll",
     "load_lm_corpus",
     "read_lm_lines",
 ]
@@ -450,3 +451,34 @@ def evaluate_stream(
         perplexity=perplexity(total_nll, tokens),
         token_nll=torch.cat(pieces, dim=1) if keep_token_nll else None,
     )
+
+
+def line_nll(stream: Tensor, token_nll: Tensor, eos_id: int = 0) -> list[tuple[float, int]]:
+    """``(nll, tokens)`` of each line of a stream scored with ``batch_size=1``:
+    ``token_nll`` ``[N - 1]`` (or ``[1, N - 1]``, :attr:`StreamEvaluation.token_nll`) is the
+    NLL of ``stream[1:]``. A line's tokens are its words and its ``<eos>``; the stream's
+    first token has no prediction, so the first line has one token fewer. The sums add up
+    to the total NLL and token count.
+
+    >>> import torch
+    >>> line_nll(torch.tensor([5, 6, 0, 7, 0]), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    [(3.0, 2), (7.0, 2)]
+    """
+    stream = stream.reshape(-1)
+    token_nll = token_nll.reshape(-1)
+    if token_nll.numel() != stream.numel() - 1:
+        raise ValueError(
+            f"{token_nll.numel()} NLL values for a stream of {stream.numel()} tokens "
+            "(expected one per token after the first: evaluate with batch_size=1)"
+        )
+    out: list[tuple[float, int]] = []
+    total, count = 0.0, 0
+    for token, nll in zip(stream[1:].tolist(), token_nll.tolist(), strict=True):
+        total += nll
+        count += 1
+        if token == eos_id:
+            out.append((total, count))
+            total, count = 0.0, 0
+    if count:
+        out.append((total, count))  # a stream that does not end with <eos>
+    return out
