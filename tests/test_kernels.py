@@ -244,8 +244,8 @@ def test_matrix_tree_inversions_equal_the_pytorch_code(
 def test_slow_build_is_announced(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A build that takes more than a second logs a notice before and a line after (a
-    cached load, well under a second, stays silent)."""
+    """A build that takes more than a second logs a notice before and a line after where
+    logging shows INFO records (a cached load, well under a second, stays silent)."""
     import time
     import types
 
@@ -259,6 +259,7 @@ def test_slow_build_is_announced(
 
     monkeypatch.setattr(cpp, "load", slow)
     monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setattr(_extension, "_announced", False)
     monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
     with caplog.at_level("INFO", logger="structattn"):
         assert kernels(torch.zeros(1, 2, 2)) is module
@@ -308,3 +309,132 @@ def test_first_use_from_several_threads_builds_once(monkeypatch: pytest.MonkeyPa
     assert results == [None, None, None]
     assert len(calls) == 1
     assert sum("no compiler here" in str(w.message) for w in caught) == 1
+
+
+# ---- the build: cache key, first-use notice (issue 20.6) ---------------------------------------
+def test_build_name_follows_everything_that_changes_a_build(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache key (the module's name, hence its build directory) changes with the sources
+    and headers, the flags, the interpreter, torch and the compiler, and is stable
+    otherwise (two venvs with the same torch no longer rebuild each other's cache)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    source, header = Path(tmp_path, "_a.cpp"), Path(tmp_path, "_a.h")
+    source.write_text("int a;\n")
+    header.write_text("#pragma once\n")
+
+    def name(cflags: tuple[str, ...] = ("-O2",), ldflags: tuple[str, ...] = ()) -> str:
+        return _extension.build_name([source, header], list(cflags), list(ldflags))
+
+    first = name()
+    assert re.fullmatch(r"structattn_kernels_[0-9a-f]{16}", first)  # a valid module name
+    assert name() == first
+    for path in (source, header):
+        text = path.read_text()
+        path.write_text(text + "// edited\n")
+        assert name() != first
+        path.write_text(text)
+        assert name() == first
+    assert name(cflags=("-O3",)) != first
+    assert name(ldflags=("-fopenmp",)) != first
+    for target, attribute, value in [
+        (sys, "executable", "/another/venv/bin/python"),
+        (sys, "version", "3.99.0 (another build)"),
+        (torch, "__version__", "0.0.1"),
+        (torch, "__file__", "/another/venv/lib/torch/__init__.py"),
+    ]:
+        with monkeypatch.context() as patch:
+            patch.setattr(target, attribute, value)
+            assert name() != first, attribute
+    with monkeypatch.context() as patch:
+        patch.setenv("CXX", "clang++")
+        assert name() != first
+    assert name() == first
+    # the real build hashes every source and header of the kernels
+    hashed = {path.name for path in _extension._SOURCES + _extension._HEADERS}
+    assert {"_kernels.cpp", "_eisner.cpp", "_matrix_tree.cpp", "_kernels.h"} <= hashed
+    assert _extension.build_name() == _extension.build_name()
+
+
+def test_build_uses_the_build_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch.utils.cpp_extension as cpp
+
+    calls: list[dict[str, object]] = []
+
+    def load(**kwargs: object) -> types.ModuleType:
+        calls.append(kwargs)
+        return types.ModuleType("fake_kernels")
+
+    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    assert kernels(torch.zeros(1, 2, 2)) is not None
+    (call,) = calls
+    cflags, ldflags = _extension._flags()
+    assert call["name"] == _extension.build_name(_extension._SOURCES + _extension._HEADERS)
+    assert call["extra_cflags"] == cflags and call["extra_ldflags"] == ldflags
+    assert call["sources"] == [str(path) for path in _extension._SOURCES]
+
+
+def _slow_load(monkeypatch: pytest.MonkeyPatch) -> object:
+    """A fake build of 0.3 s, the notice after 0.05 s, and nothing announced yet."""
+    import time
+    import types
+
+    import torch.utils.cpp_extension as cpp
+
+    module = types.ModuleType("fake_kernels")
+
+    def slow(*args: object, **kwargs: object) -> types.ModuleType:
+        time.sleep(0.3)
+        return module
+
+    monkeypatch.setattr(cpp, "load", slow)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setattr(_extension, "_announced", False)
+    monkeypatch.setattr(_extension, "_NOTICE_DELAY", 0.05)
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    return module
+
+
+def test_first_build_is_announced_once_to_library_users(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without logging set up (a library user), a compiling build prints its notice on
+    stderr (not at INFO, which nobody sees), once per process."""
+    module = _slow_load(monkeypatch)
+    assert kernels(torch.zeros(1, 2, 2)) is module
+    err = capsys.readouterr().err
+    assert err.count("compiling the C++ kernels") == 1
+    assert "TORCH_EXTENSIONS_DIR" in err and err.count("C++ kernels ready") == 1
+    monkeypatch.setattr(_extension, "_state", {})  # another build in the same process
+    assert kernels(torch.zeros(1, 2, 2)) is module
+    assert "compiling" not in capsys.readouterr().err
+
+
+def test_first_build_notice_is_not_doubled_by_the_cli_logging(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where logging shows structattn's INFO records (the CLI's handler), the notice goes
+    there only: one copy on stderr, not two."""
+    import logging
+
+    from structattn.cli import _StderrHandler
+
+    module = _slow_load(monkeypatch)
+    log = logging.getLogger("structattn")
+    handler = _StderrHandler()
+    monkeypatch.setattr(log, "handlers", [handler])
+    level = log.level
+    log.setLevel(logging.INFO)  # (clears the logger's cache of enabled levels)
+    try:
+        assert kernels(torch.zeros(1, 2, 2)) is module
+    finally:
+        log.setLevel(level)
+    err = capsys.readouterr().err
+    assert err.count("compiling the C++ kernels") == 1 and err.count("ready") == 1

@@ -6,36 +6,52 @@ The PyTorch code in :mod:`structattn.structs.dependency` and
 :mod:`structattn.structs.nonprojective` is the reference; the C++ ports run the same
 operations without Python overhead and with the batch split over the CPU threads (about 2x
 faster Eisner on CPU). It is compiled once by :func:`torch.utils.cpp_extension.load` (needs a C++
-compiler and ``ninja``: ``pip install ninja``; cached under ``TORCH_EXTENSIONS_DIR``, by
-default ``~/.cache/torch_extensions``). Without them structattn warns once and uses the
+compiler and ``ninja``: ``pip install ninja``). Without them structattn warns once and uses the
 PyTorch code. ``STRUCTATTN_EXTENSION=0`` turns the kernels off; ``STRUCTATTN_EXTENSION=require``
-makes a failed build an error (CI uses it, so that the kernels are really tested)."""
+makes a failed build an error (CI uses it, so that the kernels are really tested).
+
+**The build cache.** A build is cached under ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``) in a directory named by :func:`build_name`: a hash of
+everything that makes two builds differ (the interpreter's path and version, torch's path,
+version and C++ ABI, the compiler (``CXX``) and flags, and the text of the sources and
+headers), so that two environments, or two checkouts, each keep their own build instead of
+rebuilding each other's. A build takes 1-2 minutes; it is announced once per process on
+stderr (or through the ``structattn`` logger where logging shows its INFO records, as the
+CLI's does: never twice). :func:`build_kernels` builds ahead of time (a Docker image, a
+CI step whose cache of ``TORCH_EXTENSIONS_DIR`` is keyed by :func:`build_name`)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
-import re
+import platform
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
-__all__ = ["kernels", "kernels_disabled"]
+__all__ = ["build_kernels", "build_name", "kernels", "kernels_disabled"]
 
 _log = logging.getLogger(__name__)
-_SOURCES = [
-    Path(__file__).with_name(f"_{name}.cpp") for name in ("kernels", "eisner", "matrix_tree")
-]
+_HERE = Path(__file__).parent
+#: the compiled sources and the headers they include (all of them are hashed)
+_SOURCES = [_HERE / f"_{name}.cpp" for name in ("kernels", "eisner", "matrix_tree")]
+_HEADERS = sorted(_HERE.glob("_*.h"))
+#: seconds a build may take before it is announced (a cached load takes well under one)
+_NOTICE_DELAY = 1.0
+#: environment variables the compiler reads
+_COMPILER_ENV = ("CXX", "CC", "CXXFLAGS", "CFLAGS", "CPPFLAGS", "LDFLAGS")
 _state: dict[str, ModuleType | None] = {}
 _disabled = False
+_announced = False  # the compiling notice was shown in this process
 _lock = threading.Lock()
 
 
@@ -47,34 +63,110 @@ def _mode() -> str:
     return "require" if value in ("require", "required") else "on"
 
 
-def _build() -> ModuleType | None:
-    mode = _mode()
+def _flags() -> tuple[list[str], list[str]]:
+    """(compiler flags, linker flags): OpenMP runs the batch chunks in parallel (without it
+    they run one by one); Linux only."""
+    openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
+    return ["-O2", *openmp], openmp
+
+
+def build_name(
+    files: Sequence[Path] | None = None,
+    cflags: Sequence[str] | None = None,
+    ldflags: Sequence[str] | None = None,
+) -> str:
+    """The name of the kernels' build, ``structattn_kernels_<hash>``: also its directory
+    under ``TORCH_EXTENSIONS_DIR``. The hash (16 hex digits of SHA-256) covers the
+    interpreter (path and version), torch (path, version, C++ ABI), the platform, the
+    compiler's environment (``CXX``, ``CXXFLAGS``, ...), the flags and the text of
+    ``files`` (by default the kernels' sources and headers): a build differs exactly when
+    the name does. Reads the sources (~0.1 ms), once per process in practice."""
+    if files is None:
+        files = _SOURCES + _HEADERS
+    if cflags is None or ldflags is None:
+        default_cflags, default_ldflags = _flags()
+        cflags = default_cflags if cflags is None else cflags
+        ldflags = default_ldflags if ldflags is None else ldflags
+    facts = [
+        sys.executable,
+        sys.version,
+        platform.machine(),
+        torch.__version__,
+        str(Path(torch.__file__).parent),
+        str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")),
+        *(f"{key}={os.environ.get(key, '')}" for key in _COMPILER_ENV),
+        "cflags=" + " ".join(cflags),
+        "ldflags=" + " ".join(ldflags),
+    ]
+    digest = hashlib.sha256()
+    for fact in facts:
+        digest.update(fact.encode() + b"\0")
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "structattn_kernels_" + digest.hexdigest()[:16]
+
+
+def _logging_shows_info() -> bool:
+    """Whether an INFO record of structattn's logger reaches a handler that emits it (the
+    CLI sets one up; a library user's program usually has none)."""
+    if not _log.isEnabledFor(logging.INFO):
+        return False
+    logger: logging.Logger | None = _log
+    while logger is not None:
+        if any(handler.level <= logging.INFO for handler in logger.handlers):
+            return True
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return False
+
+
+def _notify(message: str) -> None:
+    """Show ``message``: through logging if it shows structattn's INFO records, else on the
+    current stderr (one channel, so the CLI does not show it twice)."""
+    if _logging_shows_info():
+        _log.info(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _build(mode: str) -> ModuleType | None:
     if mode == "off":
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import get_default_build_root, load
+
+        cflags, ldflags = _flags()
+        name = build_name(_SOURCES + _HEADERS, cflags, ldflags)
+        announced = threading.Event()
+
+        def notice() -> None:  # a cached load takes well under a second: only a compile
+            global _announced
+            if not _announced:
+                _announced = True
+                announced.set()
+                root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+                _notify(
+                    "structattn: compiling the C++ kernels (once per environment, 1-2 "
+                    f"minutes; cached as {name} in {root}, set TORCH_EXTENSIONS_DIR to "
+                    "change it) ..."
+                )
 
         start = time.perf_counter()
-        # a cached build loads in well under a second; say so only when it compiles
-        notice = threading.Timer(
-            1.0, _log.info, ("structattn: compiling the C++ kernels (once, about a minute) ...",)
-        )
-        notice.start()
+        timer = threading.Timer(_NOTICE_DELAY, notice)
+        timer.daemon = True
+        timer.start()
         try:
-            # one build per torch version (a module built for another one would not load);
-            # OpenMP runs the batch chunks in parallel (without it they run one by one)
-            openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
             module = load(
-                name="structattn_kernels_torch" + re.sub(r"\W", "_", torch.__version__),
+                name=name,
                 sources=[str(path) for path in _SOURCES],
-                extra_cflags=["-O2", *openmp],
-                extra_ldflags=openmp,
+                extra_cflags=cflags,
+                extra_ldflags=ldflags,
             )
         finally:
-            notice.cancel()
-        seconds = time.perf_counter() - start
-        if seconds > 1.0:
-            _log.info("structattn: C++ kernels ready (%.0f s)", seconds)
+            timer.cancel()
+        if announced.is_set():
+            _notify(f"structattn: C++ kernels ready ({time.perf_counter() - start:.0f} s)")
         return module
     except Exception as err:  # no compiler, no ninja, unsupported platform, ...
         if mode == "require":
@@ -90,6 +182,19 @@ def _build() -> ModuleType | None:
         return None
 
 
+def build_kernels() -> ModuleType:
+    """Build (or load from the cache) the C++ kernels now, raising ``RuntimeError`` if they
+    cannot be built: for a Docker image or a CI step, so that the first use does not wait.
+    ``python -c "from structattn.structs._extension import build_kernels; build_kernels()"``
+    """
+    with _lock:
+        module = _state.get("module")
+        if module is None:
+            module = _state["module"] = _build("require")
+    assert module is not None
+    return module
+
+
 def kernels(scores: Tensor) -> ModuleType | None:
     """The compiled kernels if they apply to ``scores`` (CPU, float32 or float64) and can be
     built, else None (use the PyTorch code)."""
@@ -102,7 +207,7 @@ def kernels(scores: Tensor) -> ModuleType | None:
     if "module" not in _state:
         with _lock:  # one build (and at most one warning) when threads arrive together
             if "module" not in _state:
-                _state["module"] = _build()
+                _state["module"] = _build(_mode())
     return _state["module"]
 
 
