@@ -349,3 +349,14 @@ def test_structured_parameters_only_for_heads_that_use_them() -> None:
     names = {n for n, _ in mha.named_parameters()}
     assert "transitions" in names and not names & {"root_key", "root_value", "coupling"}
     assert mha.transitions.shape == (2, 2, 2)  # one 2x2 matrix per segmentation head
+
+
+def test_state_dicts_of_the_per_head_layout_still_load() -> None:
+    # up to 0.1.0 every structured parameter had a slot for each head
+    mha = StructuredMultiheadAttention(E, H, normalizer=["softmax", "projective"] * 2)
+    old = mha.state_dict()
+    old["root_key"] = torch.randn(H, E // H)
+    old["root_value"] = torch.randn(H, E // H)
+    mha.load_state_dict(old)
+    torch.testing.assert_close(mha.root_key, old["root_key"][[1, 3]])
+    torch.testing.assert_close(mha.root_value, old["root_value"][[1, 3]])

@@ -129,6 +129,7 @@ class StructuredMultiheadAttention(nn.Module):
             p: [i for i, n in enumerate(names) if p in NORMALIZERS[n].parameters]
             for p in _STRUCTURED_PARAMETERS
         }
+        self._users = users
         self._slots = {
             k: [users[NORMALIZERS[k].parameters[0]].index(i) for i in heads]
             for k, heads in self._groups.items()
@@ -228,9 +229,20 @@ class StructuredMultiheadAttention(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
+        # (PyTorch's load_state_dict hands each module its own copy of the dict.) Up to
+        # 0.1.0 every structured parameter had one slot per head, [num_heads, ...]: keep the
+        # slots of the heads that use it
+        for name in _STRUCTURED_PARAMETERS:
+            own, saved = getattr(self, name), state_dict.get(prefix + name)
+            if (
+                own is not None
+                and isinstance(saved, Tensor)
+                and saved.dim() == own.dim()
+                and saved.shape[0] == self.num_heads != own.shape[0]
+            ):
+                state_dict[prefix + name] = saved[self._users[name]]
         # an nn.MultiheadAttention state dict (or one of softmax-only heads) has projections
-        # but no structured parameters: initialise those and say so. (PyTorch's
-        # load_state_dict hands each module its own copy of the dict.)
+        # but no structured parameters: initialise those and say so
         has_projections = any(
             prefix + name in state_dict for name in ("in_proj_weight", "q_proj_weight")
         )
