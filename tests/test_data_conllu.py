@@ -192,6 +192,7 @@ def test_projectivity_on_known_trees() -> None:
     for n in range(1, 6):
         trees = _trees(n)
         assert all(is_projective(t) == _projective_by_dominance(t) for t in trees)
+        assert all(is_projective(t) == (not non_projective_arcs(t)) for t in trees)
         counts.append(sum(map(is_projective, trees)))
     assert counts == [1, 2, 7, 30, 143]
 
