@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+import structattn
 from structattn.data.conllu import (
     attachment_scores,
     check_tree,
     conllu_stats,
     format_conllu,
+    heads_tensor,
     is_projective,
     non_projective_arcs,
     parse_conllu,
@@ -222,6 +224,9 @@ def test_ud_english_ewt(split: str, sentences: int, words: int, non_projective: 
     )
     assert stats["empty_nodes"] > 0 and stats["multiword_tokens"] > 0
     assert format_conllu(parsed) == path.read_text(encoding="utf-8")  # byte-identical
+    heads, lengths = heads_tensor(parsed)  # the core's layout: ROOT at 0, -1 at ROOT/padding
+    assert heads.shape == (sentences, 1 + max(map(len, parsed))) and (heads[:, 0] == -1).all()
+    assert int((~structattn.is_projective(heads, lengths)).sum()) == non_projective
     gold = attachment_scores(parsed, [s.heads or () for s in parsed])
     assert gold.uas == gold.uas_no_punct == 1.0
     if split != "dev":

@@ -47,8 +47,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._files import atomic_write_text, read_utf8
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "PUNCT_TAGS",
@@ -59,6 +63,7 @@ __all__ = [
     "conllu_stats",
     "default_ud_data_dir",
     "format_conllu",
+    "heads_tensor",
     "is_projective",
     "non_projective_arcs",
     "parse_conllu",
@@ -415,6 +420,25 @@ def default_ud_data_dir() -> Path:
         f"UD English-EWT not found (tried {tried}); pass --data-dir pointing at the directory "
         "with en_ewt-ud-{train,dev,test}.conllu"
     )
+
+
+def heads_tensor(sentences: Sequence[ConlluSentence]) -> tuple[Tensor, Tensor]:
+    """``(heads, lengths)`` in the layout of :class:`structattn.DependencyCRF` and
+    :func:`structattn.structured_nll`: ``heads`` LongTensor ``[B, N]`` with ROOT at position
+    0, ``heads[b, m]`` the head of word m (1..n_b) and -1 at ROOT and padding; ``lengths``
+    LongTensor ``[B]`` of positions including ROOT (``n_b + 1``). Raises ``ValueError`` for a
+    sentence without gold heads."""
+    import torch
+
+    for s in sentences:
+        if s.heads is None:
+            raise ValueError(f"{s.source}:{s.line}: sentence has no gold heads")
+    size = 1 + max((len(s) for s in sentences), default=0)
+    heads = torch.full((len(sentences), size), -1, dtype=torch.long)  # [B, N]
+    for b, s in enumerate(sentences):
+        heads[b, 1 : 1 + len(s)] = torch.tensor(s.heads, dtype=torch.long)  # [n_b]
+    lengths = torch.tensor([1 + len(s) for s in sentences], dtype=torch.long)  # [B]
+    return heads, lengths
 
 
 # ----------------------------------------------------------------------------- scores
