@@ -483,10 +483,11 @@ def _write_metrics(run_dir: Path, records: list[dict[str, Any]], tail: str = "")
 
 class _Drawn:
     """What the figures that training_curves saved show: per figure, {panel's y label:
-    (lines drawn, y scale)} and the runs' legend labels."""
+    (lines drawn, y scale)}, {panel's y label: x label} and the runs' legend labels."""
 
     def __init__(self) -> None:
         self.panels: list[dict[str, tuple[int, str]]] = []
+        self.xlabels: list[dict[str, str]] = []
         self.runs: list[list[str]] = []
 
 
@@ -502,6 +503,7 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> _Drawn:
         seen.panels.append(
             {ax.get_ylabel(): (len(ax.get_lines()), ax.get_yscale()) for ax in panels}
         )
+        seen.xlabels.append({ax.get_ylabel(): ax.get_xlabel() for ax in panels})
         legends = [ax.get_legend() for ax in fig.axes if not ax.get_ylabel()]
         seen.runs.append([text.get_text() for text in legends[0].get_texts()])
         return save(fig, out, fmt)
@@ -605,9 +607,27 @@ def test_training_curves_skip_a_last_line_cut_short(tmp_path: Path, drawn: _Draw
 
 
 @needs_matplotlib
+def test_training_curves_validation_every_n_steps(tmp_path: Path, drawn: _Drawn) -> None:
+    # with TrainConfig.eval_every the loop logs "eval" records between the epochs (and the
+    # epoch record repeats the validation at the epoch's last step): validation by step
+    evals = [
+        {"kind": "eval", "epoch": 1 + (step - 1) // 4, "step": step, "valid_metric": step}
+        for step in (2, 4, 6, 8)
+    ]
+    records = _records(epochs=2, steps_per_epoch=4) + evals  # the order of lines is free
+    stepped = _write_metrics(tmp_path / "stepped", records)
+    plain = _write_metrics(tmp_path / "plain", _records(epochs=2, steps_per_epoch=4))
+    viz.training_curves([stepped, plain], tmp_path / "v.png", metrics=["metric"])
+    assert drawn.panels[-1]["validation metric"] == (2, "linear")
+    assert drawn.xlabels[-1]["validation metric"] == "step"
+    viz.training_curves(plain, tmp_path / "e.png")
+    assert drawn.xlabels[-1]["validation metric"] == "epoch"
+
+
+@needs_matplotlib
 def test_training_curves_of_runs_written_by_fit(tmp_path: Path, drawn: _Drawn) -> None:
-    # the format as the training loop writes it today, on a two-parameter toy task
-    def run(name: str, lr: float) -> Path:
+    # the format as the training loop writes it, on a two-parameter toy task
+    def run(name: str, lr: float, eval_every: int | None = None) -> Path:
         torch.manual_seed(0)
         model = torch.nn.Linear(1, 1)
         data = [(float(x), 2.0 * x + 1.0) for x in range(8)]
@@ -623,7 +643,13 @@ def test_training_curves_of_runs_written_by_fit(tmp_path: Path, drawn: _Drawn) -
             validate=lambda m: {"metric": -abs(float(model.bias) - 1.0)},
         )
         config = TrainConfig(
-            epochs=3, lr=lr, decay_every=1, log_every=1, progress=False, epoch_lines=False
+            epochs=3,
+            lr=lr,
+            decay_every=1,
+            log_every=1,
+            eval_every=eval_every,
+            progress=False,
+            epoch_lines=False,
         )
         fit(task, config, tmp_path / name)
         return tmp_path / name
@@ -635,3 +661,6 @@ def test_training_curves_of_runs_written_by_fit(tmp_path: Path, drawn: _Drawn) -
         "learning rate": (2, "log"),  # 0.01 down to 0.001 / 4: log scale
         "validation metric": (2, "linear"),
     }
+    assert drawn.xlabels[-1]["validation metric"] == "epoch"
+    viz.training_curves([run("c", 0.01, eval_every=1)], tmp_path / "steps.png")
+    assert drawn.xlabels[-1]["validation metric"] == "step"

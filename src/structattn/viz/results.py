@@ -146,6 +146,9 @@ class _Curves:
     epoch_loss: dict[float, float] = field(default_factory=dict)  # epoch's last step -> mean
     lr: dict[float, float] = field(default_factory=dict)  # step -> learning rate
     valid: dict[str, dict[float, float]] = field(default_factory=dict)  # key -> epoch -> value
+    # key -> step -> value, from the "eval" and "epoch" records
+    valid_at_step: dict[str, dict[float, float]] = field(default_factory=dict)
+    evals_between_epochs: bool = False  # validated every N steps (records of kind "eval")
 
 
 def _number(value: object) -> float | None:
@@ -192,11 +195,13 @@ def _read_metrics(file: Path) -> list[dict[str, Any]]:
 
 def _curves(records: list[dict[str, Any]], file: Path) -> _Curves:
     """The series of :func:`structattn.training.fit`'s records (``kind`` "train": ``step``,
-    ``loss``, ``lr``; ``kind`` "epoch": ``epoch``, ``step``, ``train_loss``, ``lr``,
-    ``valid_*``); records without a key are skipped for that key."""
+    ``loss``, ``lr``; "eval" (every ``eval_every`` steps): ``step``, ``valid_*``; "epoch":
+    ``epoch``, ``step``, ``train_loss``, ``lr``, ``valid_*``); records without a key are
+    skipped for that key."""
     curves = _Curves()
     for record in records:
         step, epoch = _number(record.get("step")), _number(record.get("epoch"))
+        kind = record.get("kind")
         if step is not None:
             loss, train_loss, lr = (
                 _number(record.get(key)) for key in ("loss", "train_loss", "lr")
@@ -207,12 +212,18 @@ def _curves(records: list[dict[str, Any]], file: Path) -> _Curves:
                 curves.epoch_loss[step] = train_loss
             if lr is not None:
                 curves.lr[step] = lr
-        if epoch is not None:
-            for key, value in record.items():
-                number = _number(value)
-                if key.startswith("valid_") and number is not None:
-                    curves.valid.setdefault(key, {})[epoch] = number
-    if not (curves.step_loss or curves.epoch_loss or curves.lr or curves.valid):
+        curves.evals_between_epochs |= kind == "eval"
+        for key, value in record.items():
+            number = _number(value)
+            if not key.startswith("valid_") or number is None:
+                continue
+            if step is not None:
+                curves.valid_at_step.setdefault(key, {})[step] = number
+            if epoch is not None and kind != "eval":
+                curves.valid.setdefault(key, {})[epoch] = number
+    if not (
+        curves.step_loss or curves.epoch_loss or curves.lr or curves.valid or curves.valid_at_step
+    ):
         raise ValueError(
             f"{file} has no loss, learning rate or validation metric to plot (keys found: "
             f"{', '.join(sorted({key for record in records for key in record})) or 'none'})"
@@ -261,8 +272,9 @@ def training_curves(
       kind ``"train"``, thin line) and each epoch's mean (kind ``"epoch"``, ``train_loss``;
       dots at the epoch's last step);
     * learning rate against the step (log scale when it spans more than a factor 10);
-    * one panel per validation metric against the epoch (the ``valid_*`` keys of the
-      epoch records).
+    * one panel per validation metric (the ``valid_*`` keys) against the epoch, or against
+      the step when a run validated every N steps (records of kind ``"eval"``,
+      ``TrainConfig.eval_every``).
 
     The file format is the one :func:`structattn.training.fit` writes. Records without a
     key are skipped for that key, and a panel is left out when no run has its quantity
@@ -294,7 +306,9 @@ def training_curves(
     """
     labelled = _labelled_runs(runs)
     data = [(label, _curves(_read_metrics(file), file)) for label, file in labelled]
-    found = list(dict.fromkeys(key for _, curves in data for key in curves.valid))
+    by_step = any(curves.evals_between_epochs for _, curves in data)
+    valid = [curves.valid_at_step if by_step else curves.valid for _, curves in data]
+    found = list(dict.fromkeys(key for series in valid for key in series))
     if metrics is None:
         valid_keys = found
     else:
@@ -330,7 +344,7 @@ def training_curves(
             name: fig.add_subplot(grid[1 + i // columns, i % columns])
             for i, name in enumerate(panels)
         }
-        for i, (_, curves) in enumerate(data):
+        for i, ((_, curves), series) in enumerate(zip(data, valid, strict=True)):
             color = _COLORS[i % len(_COLORS)]
             if "loss" in axes:
                 ax = axes["loss"]
@@ -341,8 +355,8 @@ def training_curves(
             if curves.lr:
                 _plot_series(axes["lr"], curves.lr, "-", color=color, drawstyle="steps-post")
             for key in valid_keys:
-                if key in curves.valid:
-                    _plot_series(axes[key], curves.valid[key], "o-", color=color, markersize=3)
+                if key in series:
+                    _plot_series(axes[key], series[key], "o-", color=color, markersize=3)
         if "loss" in axes:
             ax = axes["loss"]
             ax.set_xlabel("step")
@@ -361,9 +375,10 @@ def training_curves(
             ax.set_ylabel("learning rate")
         for key in valid_keys:
             ax = axes[key]
-            ax.set_xlabel("epoch")
+            ax.set_xlabel("step" if by_step else "epoch")
             ax.set_ylabel(f"validation {key[len('valid_') :]}")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if not by_step:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ax in axes.values():
             ax.grid(alpha=0.3)
         handles = [
