@@ -94,8 +94,10 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
     head is an ancestor of m) and lifting ends with a projective tree; projective trees are
     returned unchanged. Arcs from ROOT and from a sole child of ROOT are never
     non-projective, so a tree with one child of ROOT keeps one (``multiroot=False`` data
-    stay valid). Lifting changes as few arcs as it can in the usual cases but is not
-    guaranteed to be minimal; it is what treebank projectivisation tools do.
+    stay valid). Lifting only moves a word up to an ancestor, so it is not the projective
+    tree with the fewest changed heads in general (for 19% of the non-projective trees of 5
+    words, counting multi-root ones, another projective tree changes 1-2 heads fewer); it is
+    the standard transformation of treebanks for projective parsers.
 
     Use it to train :class:`DependencyCRF` on a treebank with crossing arcs (a
     non-projective gold tree has probability 0 under it); the evaluation should use the
@@ -110,8 +112,9 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
         LongTensor [B, N]: the lifted heads.
 
     Raises ``ValueError`` if a head is out of range or an item is not a tree. Preprocessing:
-    batched, one lift per item per step (as many steps as the item with the most lifts),
-    each step O(B N^2); it runs on the device of ``heads`` and syncs with the host each step.
+    batched, one lift per item per step (as many steps as the item with the most lifts;
+    each step O(A N^2) for the A items still lifting, one host sync), memory O(B N^2); it
+    runs on the device of ``heads``.
 
     Example:
         >>> projectivize(torch.tensor([[-1, 0, 3, 0, 1]])).tolist()  # 1 -> 4 spans 3
@@ -127,34 +130,37 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
             f"`heads` must be trees rooted at position 0 (no cycles or self-loops); items "
             f"{items[:10]}{' ...' if len(items) > 10 else ''} are not"
         )
-    out = heads.clone()
     pos = torch.arange(size, device=device)
-    rows = torch.arange(batch, device=device)
     # a parent pointer for every position (ROOT and padding point to ROOT)
     parent = torch.where(real, heads, torch.zeros_like(heads))  # [B, N]
-    while True:
-        # dominated[b, w, h]: h is w itself or an ancestor of w (depth < N: N pointer steps)
-        dominated = torch.zeros(batch, size, size, dtype=torch.bool, device=device)
-        node = pos.expand(batch, size)  # [B, N]: the ancestor of each word at this depth
-        for _ in range(size):
-            dominated.scatter_(2, node.unsqueeze(-1), True)
-            node = parent.gather(1, node)
-        # arc parent[m] -> m spans w (strictly between the two ends)
-        low = torch.minimum(parent, pos).unsqueeze(-1)  # [B, N (m), 1]
-        high = torch.maximum(parent, pos).unsqueeze(-1)
-        between = (low < pos) & (pos < high)  # [B, N (m), N (w)]
-        # does the head of m dominate w?  dominated[b, w, parent[b, m]] as [B, m, w]
-        covered = dominated.gather(2, parent.unsqueeze(1).expand(batch, size, size))  # [B, w, m]
-        bad = (between & ~covered.transpose(1, 2)).any(-1) & real  # [B, N]: non-projective
-        if not bool(bad.any()):
+    # dominated[b, w, h]: h is w itself or an ancestor of w (depth < N: N pointer steps)
+    dominated = torch.zeros(batch, size, size, dtype=torch.bool, device=device)
+    node = pos.expand(batch, size)  # [B, N]: the ancestor of each word at this depth
+    for _ in range(size):
+        dominated.scatter_(2, node.unsqueeze(-1), True)
+        node = parent.gather(1, node)
+    active = torch.arange(batch, device=device)  # items that may still have a crossing
+    while active.numel():
+        par, dom, words = parent[active], dominated[active], real[active]  # [A, N], [A, N, N]
+        # arc par[m] -> m spans the words w strictly between its two ends
+        low = torch.minimum(par, pos)  # [A, N (m)]
+        high = torch.maximum(par, pos)
+        between = (low.unsqueeze(-1) < pos) & (pos < high.unsqueeze(-1))  # [A, N (m), N (w)]
+        # covered[a, m, w]: the head of m dominates w, i.e. dom[a, w, par[a, m]]
+        covered = dom.gather(2, par.unsqueeze(1).expand_as(dom)).transpose(1, 2)
+        bad = (between & ~covered).any(-1) & words  # [A, N]: non-projective arcs
+        lift = bad.any(-1)  # [A]
+        active, bad, par, low, high = active[lift], bad[lift], par[lift], low[lift], high[lift]
+        if not active.numel():
             break
-        # the shortest non-projective arc of each item (argmin: the leftmost on ties)
-        span = (high.squeeze(-1) - low.squeeze(-1)).masked_fill(~bad, size + 1)
-        word = span.argmin(-1)  # [B]
-        lift = bad.any(-1)
-        grand = parent.gather(1, parent.gather(1, word.unsqueeze(-1))).squeeze(-1)
-        parent[rows[lift], word[lift]] = grand[lift]
-    return torch.where(real, parent, out)
+        # the shortest non-projective arc of each item (argmin: the leftmost on ties) ...
+        word = (high - low).masked_fill(~bad, size + 1).argmin(-1)  # [A]
+        head = par.gather(1, word.unsqueeze(-1)).squeeze(-1)  # [A]
+        # ... moves to its head's head; the subtree of the word loses the head as ancestor
+        parent[active, word] = parent[active, head]
+        subtree = dominated[active, :, word]  # [A, N]: w in the subtree of the word
+        dominated[active, :, head] &= ~subtree
+    return torch.where(real, parent, heads)
 
 
 class TreeCRFBase(StructuredDistribution):
