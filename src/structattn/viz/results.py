@@ -361,10 +361,13 @@ def training_curves(
             ax = axes["loss"]
             ax.set_xlabel("step")
             ax.set_ylabel("train loss")
-            styles = [
-                Line2D([], [], color="0.3", linewidth=0.8, label="logged steps"),
-                Line2D([], [], color="0.3", marker="o", linestyle="--", label="epoch mean"),
-            ]
+            styles = []  # the kinds of loss drawn, in grey
+            if any(curves.step_loss for _, curves in data):
+                styles.append(Line2D([], [], color="0.3", linewidth=0.8, label="logged steps"))
+            if any(curves.epoch_loss for _, curves in data):
+                styles.append(
+                    Line2D([], [], color="0.3", marker="o", linestyle="--", label="epoch mean")
+                )
             ax.legend(handles=styles, fontsize=_SMALL, frameon=False)
         if "lr" in axes:
             ax = axes["lr"]
