@@ -320,9 +320,15 @@ class StructuredMultiheadAttention(nn.Module):
         ``need_weights``)."""
         if query.is_nested or key.is_nested or value.is_nested:
             return self._forward_nested(
-                query, key, value, key_padding_mask, need_weights, attn_mask,
-                average_attn_weights, is_causal,
-            )  # fmt: skip
+                query,
+                key,
+                value,
+                key_padding_mask,
+                need_weights,
+                attn_mask,
+                average_attn_weights,
+                is_causal,
+            )
         rank = query.dim()
         if rank not in (2, 3) or key.dim() != rank or value.dim() != rank:
             raise ValueError(
