@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "read_utf8"]
+__all__ = ["atomic_write_text", "read_utf8", "shared_data_dir"]
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -34,3 +34,17 @@ def read_utf8(path: str | os.PathLike[str]) -> str:
     except UnicodeDecodeError as err:
         lineno = data.count(b"\n", 0, err.start) + 1
         raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+
+
+def shared_data_dir(*parts: str, what: str, hint: str = "") -> Path:
+    """``../shared/data/<parts...>`` relative to the working directory, else to the repository
+    (the layout of a checkout next to the shared data). Raises ``FileNotFoundError`` naming
+    ``what``, the paths tried and ``--data-dir`` (plus ``hint``) when neither exists."""
+    relative = Path("..", "shared", "data", *parts)
+    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/_files.py -> repo
+    candidates = [Path.cwd() / relative, repository / relative]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"{what} not found (tried {tried}); pass --data-dir{hint}")

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from ._files import atomic_write_text, read_utf8
+from ._files import atomic_write_text, read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -307,16 +307,12 @@ def default_data_dir() -> Path:
 
     Raises ``FileNotFoundError`` (telling the user to pass ``--data-dir``) when neither exists.
     """
-    relative = Path("..", "shared", "data", "babi", "en")
-    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/babi.py -> repo
-    candidates = [Path.cwd() / relative, repository / relative]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"bAbI data not found (tried {tried}); pass --data-dir pointing at the directory with "
-        "qa1_single-supporting-fact_train.txt ... (bAbI v1.2, tasks_1-20_v1-2/en)"
+    return shared_data_dir(
+        "babi",
+        "en",
+        what="bAbI data",
+        hint=" pointing at the directory with qa1_single-supporting-fact_train.txt ... "
+        "(bAbI v1.2, tasks_1-20_v1-2/en)",
     )
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from ._files import read_utf8
+from ._files import read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -336,14 +336,7 @@ def split_holdout(
 def default_classification_data_dir(name: Literal["sick", "snli_devtest", "sst"]) -> Path:
     """``../shared/data/<name>`` relative to the working directory, else to the repository;
     ``FileNotFoundError`` (pass ``--data-dir``) when neither exists."""
-    relative = Path("..", "shared", "data", name)
-    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/... -> repo
-    candidates = [Path.cwd() / relative, repository / relative]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"data set {name!r} not found (tried {tried}); pass --data-dir")
+    return shared_data_dir(name, what=f"data set {name!r}")
 
 
 _SICK_COLUMNS = ("pair_ID", "sentence_A", "sentence_B", "entailment_label")

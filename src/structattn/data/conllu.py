@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._files import atomic_write_text, read_utf8
+from ._files import atomic_write_text, read_utf8, shared_data_dir
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -409,16 +409,10 @@ def write_conllu(
 def default_ud_data_dir() -> Path:
     """``../shared/data/ud_english_ewt`` relative to the working directory, else to the
     repository; ``FileNotFoundError`` (pass ``--data-dir``) when neither exists."""
-    relative = Path("..", "shared", "data", "ud_english_ewt")
-    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/conllu.py -> repo
-    candidates = [Path.cwd() / relative, repository / relative]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"UD English-EWT not found (tried {tried}); pass --data-dir pointing at the directory "
-        "with en_ewt-ud-{train,dev,test}.conllu"
+    return shared_data_dir(
+        "ud_english_ewt",
+        what="UD English-EWT",
+        hint=" pointing at the directory with en_ewt-ud-{train,dev,test}.conllu",
     )
 
 

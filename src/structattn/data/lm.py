@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..metrics import perplexity
-from ._files import read_utf8
+from ._files import read_utf8, shared_data_dir
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -118,16 +118,10 @@ def default_lm_data_dir(name: str) -> Path:
     """``../shared/data/<name>`` (``ptb``, ``wikitext-2``) relative to the working directory,
     else to the repository. Raises ``FileNotFoundError`` (pass ``--data-dir``) when neither
     exists."""
-    relative = Path("..", "shared", "data", name)
-    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/lm.py -> repo
-    candidates = [Path.cwd() / relative, repository / relative]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"language-modelling corpus {name!r} not found (tried {tried}); pass --data-dir "
-        "pointing at a directory with {ptb.,wiki.,}{train,valid,test}{.txt,.tokens}"
+    return shared_data_dir(
+        name,
+        what=f"language-modelling corpus {name!r}",
+        hint=" pointing at a directory with {ptb.,wiki.,}{train,valid,test}{.txt,.tokens}",
     )
 
 
