@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._extension import kernels as compiled_kernels
 
 __all__ = [
     "chain_inside",
@@ -529,35 +530,79 @@ def _hvp_by_autograd(
     return d_unary, d_pair
 
 
+#: the C++ kernels (``_chain.cpp``: one loop per chain, the log-space pass in double
+#: precision) serve chains with up to this many labels (``method="auto"``, CPU, float32 and
+#: float64); more labels run the batched code above (O(C^2) exps per step in the kernel)
+_KERNEL_LABELS = 4
+
+
+def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
+    """The compiled module if it serves this call, else None (the PyTorch code)."""
+    if method != "auto" or unary.shape[-1] > _KERNEL_LABELS or pairwise.dtype != unary.dtype:
+        return None
+    module = compiled_kernels(unary)
+    if module is None or not hasattr(module, "chain_hvp") or pairwise.device != unary.device:
+        return None
+    return module
+
+
+def _kernel_pass(
+    module: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, edges: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(log Z [B], p(z_i) [B, N, C], edge marginals [B, N-1, C, C] (empty unless ``edges``),
+    K [B, N-1, C, C] float64, last [B]) from the kernel's forward-backward."""
+    batch, n, _ = unary.shape
+    last = last_index(lengths, batch, n, unary.device)
+    steps = _per_step(pairwise.detach(), batch, n)  # [B, N-1, C, C], a view when shared
+    logz, node, edge, trans = module.chain_forward_backward(unary.detach(), steps, last, edges)
+    return logz, node, edge, trans, last
+
+
 class _ChainLogPartition(torch.autograd.Function):
     """log Z [B] (forward: the forward pass, no autograd graph; backward: the backward sweep
     by hand, the marginals times the incoming gradient). When the backward is differentiated
     again (``create_graph``), the marginals come from :class:`_ChainMarginals`, whose
-    backward is a Hessian-vector product by hand."""
+    backward is a Hessian-vector product by hand. With few labels on CPU both passes run in
+    the C++ kernels when they are built (:func:`_chain_kernels`)."""
 
     @staticmethod
     def forward(
         ctx: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str
     ) -> Tensor:
-        fw = _forward_pass(unary, pairwise, lengths, method)
-        ctx.save_for_backward(unary, pairwise, *fw)
         ctx.lengths = lengths
         ctx.method = method
+        ctx.kernels = _chain_kernels(unary, pairwise, method)
+        if ctx.kernels is not None:
+            logz, node, edge, _, _ = _kernel_pass(
+                ctx.kernels, unary, pairwise, lengths, ctx.needs_input_grad[1]
+            )
+            ctx.save_for_backward(unary, pairwise, node, edge)
+            return logz
+        fw = _forward_pass(unary, pairwise, lengths, method)
+        ctx.save_for_backward(unary, pairwise, *fw)
         return fw.logz
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         unary, pairwise, *saved = ctx.saved_tensors
+        shared = pairwise.dim() == 2
         if torch.is_grad_enabled():
             node, edge = _ChainMarginals.apply(unary, pairwise, ctx.lengths, True, ctx.method)
             d_pair = edge * grad.view(-1, 1, 1, 1)
-            if pairwise.dim() == 2:
+            if shared:
                 d_pair = d_pair.sum((0, 1))
             return node * grad.view(-1, 1, 1), d_pair, None, None
+        if ctx.kernels is not None:
+            node, edge = saved
+            d_unary = node * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
+            d_pair = None
+            if ctx.needs_input_grad[1]:
+                d_pair = edge * grad.view(-1, 1, 1, 1)
+                d_pair = d_pair.sum((0, 1)) if shared else d_pair
+            return d_unary, d_pair, None, None
         fw = _Pass(*saved)
         beta = _beta(fw)
         d_unary = fw.scaled * beta * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
-        shared = pairwise.dim() == 2
         d_pair = _pairwise_grad(fw, beta, grad, shared) if ctx.needs_input_grad[1] else None
         return d_unary, d_pair, None, None
 
@@ -565,8 +610,8 @@ class _ChainLogPartition(torch.autograd.Function):
 class _ChainMarginals(torch.autograd.Function):
     """Node marginals [B, N, C] (and edge marginals [B, N-1, C, C] if ``edges``) by the
     forward pass and the backward sweep; backward: the Hessian-vector product by hand
-    (:func:`_hvp`). Differentiating that once more falls back to autograd through
-    :func:`chain_inside` (any order)."""
+    (:func:`_hvp`, or ``chain_hvp`` of the C++ kernels). Differentiating that once more falls
+    back to autograd through :func:`chain_inside` (any order)."""
 
     @staticmethod
     def forward(
@@ -577,12 +622,17 @@ class _ChainMarginals(torch.autograd.Function):
         edges: bool,
         method: str,
     ) -> Tensor | tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        ctx.lengths = lengths
+        ctx.kernels = _chain_kernels(unary, pairwise, method)
+        if ctx.kernels is not None:
+            _, node, edge, trans, last = _kernel_pass(ctx.kernels, unary, pairwise, lengths, edges)
+            ctx.save_for_backward(unary, pairwise, trans, node, last)
+            return (node, edge) if edges else node
         fw = _forward_pass(unary, pairwise, lengths, method)
         beta = _beta(fw)
         fw = fw._replace(beta=beta)
-        ctx.set_materialize_grads(False)
         ctx.save_for_backward(unary, pairwise, *fw)
-        ctx.lengths = lengths
         node = fw.scaled * beta
         if edges:
             return node, _edge_marginals(fw, beta)
@@ -595,12 +645,15 @@ class _ChainMarginals(torch.autograd.Function):
         unary, pairwise, *saved = ctx.saved_tensors
         if g_node is None and g_edge is None:
             return None, None, None, None, None
+        shared = pairwise.dim() == 2
         if torch.is_grad_enabled():
             d_unary, d_pair = _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
+        elif ctx.kernels is not None:
+            trans, node, last = saved
+            d_unary, d_pair = ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
         else:
             fw = _Pass(*saved)
             assert fw.beta is not None
-            shared = pairwise.dim() == 2
             d_unary, d_pair = _hvp(fw, fw.beta, g_node, g_edge, shared)
         return (
             d_unary if ctx.needs_input_grad[0] else None,

@@ -1,0 +1,191 @@
+"""The C++ chain kernels (structs/_chain.cpp: forward-backward and its Hessian-vector product
+for few labels) against the PyTorch code they replace and against brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import oracles
+import pytest
+import torch
+from torch import Tensor
+
+from structattn import LinearChainCRF
+from structattn.structs import linear_chain
+from structattn.structs._extension import kernels, kernels_disabled
+from structattn.structs.linear_chain import chain_log_partition, chain_marginals
+
+
+@pytest.fixture
+def chain_kernels() -> None:
+    """Skip where the kernels are not built or do not hold the chain kernels yet."""
+    module = kernels(torch.zeros(1, 2, 2))
+    if module is None or not hasattr(module, "chain_hvp"):
+        pytest.skip("the C++ chain kernels are not built on this machine")
+
+
+def _draw(
+    batch: int, n: int, c: int, shared: bool, dtype: torch.dtype, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    unary = torch.randn(batch, n, c, generator=gen, dtype=torch.float64)
+    shape = (c, c) if shared else (batch, n - 1, c, c)
+    pairwise = torch.randn(shape, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(1, n + 1, (batch,), generator=gen)
+    lengths[0] = n
+    real = torch.arange(n) < lengths.unsqueeze(-1)
+    unary = unary.masked_fill(~real.unsqueeze(-1), 0.0)
+    return unary.to(dtype), pairwise.to(dtype), lengths
+
+
+def _passes(unary: Tensor, pairwise: Tensor, lengths: Tensor | None) -> list[Tensor]:
+    """log Z, node and edge marginals, log Z's gradient (seeded), the gradient of a loss on
+    the node and edge marginals (the Hessian-vector product) and of one on the node
+    marginals alone."""
+    u = unary.clone().requires_grad_()
+    p = pairwise.clone().requires_grad_()
+    gen = torch.Generator().manual_seed(1)
+    logz = chain_log_partition(u, p, lengths)
+    finite = torch.where(torch.isfinite(logz), logz, torch.zeros_like(logz))
+    seed = torch.linspace(-1.0, 2.0, u.shape[0], dtype=u.dtype)
+    first = torch.autograd.grad((finite * seed).sum(), (u, p))
+    node, edge = chain_marginals(u, p, lengths, edges=True)
+    w_node = torch.randn(node.shape, generator=gen, dtype=u.dtype)
+    w_edge = torch.randn(edge.shape, generator=gen, dtype=u.dtype)
+    both = torch.autograd.grad((node * w_node).sum() + (edge * w_edge).sum(), (u, p))
+    alone, _ = chain_marginals(u, p, lengths)
+    node_only = torch.autograd.grad((alone * w_node).sum(), (u, p))
+    outs = [logz, node, edge, alone, *first, *both, *node_only]
+    return [torch.nan_to_num(x.detach(), neginf=0.0) for x in outs]
+
+
+def _assert_all_close(got: list[Tensor], want: list[Tensor], tol: float) -> None:
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_equal_the_pytorch_code(dtype: torch.dtype, tol: float, threads: int) -> None:
+    """Every output and gradient, shared and per-step transitions, C = 1..4 (C = 5 is not
+    served), variable lengths (length 1 included), the batch in one chunk and in two."""
+    torch.set_num_threads(threads)
+    for c, shared in itertools.product((1, 2, 3, 4, 5), (True, False)):
+        unary, pairwise, lengths = _draw(7, 6, c, shared, dtype, seed=c)
+        lengths[1] = 1
+        served = linear_chain._chain_kernels(unary, pairwise, "auto") is not None
+        assert served == (c <= linear_chain._KERNEL_LABELS)
+        got = _passes(unary, pairwise, lengths)
+        with kernels_disabled():
+            want = _passes(unary, pairwise, lengths)
+        _assert_all_close(got, want, tol)
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-step"])
+def test_kernels_against_brute_force(shared: bool) -> None:
+    """log Z and marginals against enumeration of every label sequence (float64)."""
+    c, n = 3, 4
+    unary, pairwise, lengths = _draw(4, n, c, shared, torch.float64, seed=5)
+    logz = chain_log_partition(unary, pairwise, lengths)
+    node, edge = chain_marginals(unary, pairwise, lengths, edges=True)
+    steps = pairwise.expand(4, n - 1, c, c) if shared else pairwise
+    for b, length in enumerate(lengths.tolist()):
+        sequences = oracles.chains(length, c)
+        scores = torch.stack(
+            [oracles.chain_score(unary[b, :length], steps[b, : length - 1], z) for z in sequences]
+        )
+        probs = (scores - scores.logsumexp(0)).exp()
+        want_node = torch.zeros(n, c, dtype=torch.float64)
+        want_edge = torch.zeros(n - 1, c, c, dtype=torch.float64)
+        for prob, z in zip(probs, sequences, strict=True):
+            for i in range(length):
+                want_node[i, z[i]] += prob
+            for i in range(length - 1):
+                want_edge[i, z[i], z[i + 1]] += prob
+        torch.testing.assert_close(logz[b], scores.logsumexp(0))
+        torch.testing.assert_close(node[b], want_node)
+        torch.testing.assert_close(edge[b], want_edge)
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_kernels_with_minus_inf_and_wide_transitions(dtype: torch.dtype) -> None:
+    """A forbidden transition, transitions spread too widely for the probability-space pass
+    (the kernel's log-space pass), an item with no valid sequence (log Z = -inf, marginals
+    and gradients 0), a forbidden label, items whose steps repeat one matrix: as the PyTorch
+    code (its log-space pass)."""
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for c in (2, 3):
+        unary, pairwise, lengths = _draw(6, 7, c, False, dtype, seed=c)
+        pairwise[0, 2, 0, 1] = float("-inf")
+        pairwise[1] *= 300.0
+        unary[2, 3] = float("-inf")
+        unary[3, 1, 0] = float("-inf")
+        pairwise[4] = pairwise[4, :1].clone()
+        pairwise[5] = pairwise[4]
+        lengths[2] = 7
+        got = _passes(unary, pairwise, lengths)
+        with kernels_disabled():
+            want = _passes(unary, pairwise, lengths)
+        _assert_all_close(got, want, tol)
+        logz, node = chain_log_partition(unary, pairwise, lengths), got[1]
+        assert torch.isneginf(logz[2]) and node[2].eq(0).all()
+        assert got[2][0, 2, 0, 1] == 0 and node[3, 1, 0] == 0
+        for grad in got[4:]:
+            assert torch.isfinite(grad).all()
+        assert got[6][2].eq(0).all() and got[8][2].eq(0).all()
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-step"])
+def test_kernels_gradcheck_and_gradgradcheck(shared: bool) -> None:
+    """Float64: log Z and marginals to second order through the kernels (a third order falls
+    back to autograd)."""
+    unary, pairwise, lengths = _draw(3, 4, 2, shared, torch.float64, seed=3)
+    unary.requires_grad_()
+    pairwise.requires_grad_()
+
+    def logz(u: Tensor, p: Tensor) -> Tensor:
+        return chain_log_partition(u, p, lengths)
+
+    def marginals(u: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+        return chain_marginals(u, p, lengths, True)
+
+    def node(u: Tensor, p: Tensor) -> Tensor:
+        return chain_marginals(u, p, lengths)[0]
+
+    for fn in (logz, marginals, node):
+        assert torch.autograd.gradcheck(fn, (unary, pairwise))
+        assert torch.autograd.gradgradcheck(fn, (unary, pairwise))
+
+
+@pytest.mark.usefixtures("chain_kernels")
+def test_kernels_single_position() -> None:
+    """N = 1: log Z = logsumexp of the unary, marginals its softmax, no transitions."""
+    unary = torch.randn(3, 1, 2, dtype=torch.float64, requires_grad=True)
+    pairwise = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    node, edge = chain_marginals(unary, pairwise, None, True)
+    torch.testing.assert_close(node, unary.softmax(-1))
+    assert edge.shape == (3, 0, 2, 2)
+    logz = chain_log_partition(unary, pairwise, None)
+    torch.testing.assert_close(logz, unary.logsumexp(-1)[:, 0])
+    assert torch.autograd.gradcheck(lambda u: chain_marginals(u, pairwise, None)[0], (unary,))
+
+
+@pytest.mark.usefixtures("chain_kernels")
+def test_kernels_serve_the_distribution_and_only_auto() -> None:
+    """LinearChainCRF with few labels uses the kernels; method "scaled" / "log", more labels,
+    mixed dtypes and a disabled extension use the PyTorch code."""
+    unary, pairwise, lengths = _draw(4, 5, 2, True, torch.float32)
+    assert linear_chain._chain_kernels(unary, pairwise, "auto") is not None
+    for method in ("scaled", "log"):
+        assert linear_chain._chain_kernels(unary, pairwise, method) is None
+    assert linear_chain._chain_kernels(unary, pairwise.double(), "auto") is None
+    with kernels_disabled():
+        assert linear_chain._chain_kernels(unary, pairwise, "auto") is None
+        want = LinearChainCRF(unary, pairwise, lengths).marginals
+    torch.testing.assert_close(LinearChainCRF(unary, pairwise, lengths).marginals, want)
