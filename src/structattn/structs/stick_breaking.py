@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .._validation import check_potentials
+from .._validation import check_mask, check_potentials
 
 __all__ = [
     "Tree",
@@ -80,16 +80,6 @@ Tree: TypeAlias = str | int | tuple["Tree", "Tree"]
 
 
 # ---- validation and masks ----------------------------------------------------------------------
-def _check_mask(mask: Tensor | None, batch: int, n: int, device: torch.device) -> Tensor:
-    """BoolTensor [B, T] on ``device`` (all True when ``mask`` is None)."""
-    if mask is None:
-        return torch.ones(batch, n, dtype=torch.bool, device=device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (batch, n):
-        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"`mask` must be a BoolTensor of shape ({batch}, {n}), got {shape}")
-    return mask.to(device)
-
-
 def _check_pairwise(name: str, x: object) -> Tensor:
     """A finite floating tensor [B, T, T]."""
     x = check_potentials(name, x, rank=3, allow_neg_inf=False)
@@ -143,7 +133,7 @@ def stick_breaking_gates(distances: Tensor, tau: float, mask: Tensor | None = No
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < float("inf"):
         raise ValueError(f"`tau` must be a finite number > 0, got {tau!r}")
     batch, n = distances.shape
-    mask = _check_mask(mask, batch, n, distances.device)
+    mask = check_mask("mask", mask, (batch, n), distances.device)
     diff = distances.unsqueeze(-1) - distances.unsqueeze(-2)  # [B, T, T], d_t - d_k
     alpha = (F.hardtanh(2.0 * diff / tau + 1.0) + 1.0) / 2.0
     return alpha * _pair_mask(mask).to(alpha.dtype)
@@ -171,7 +161,7 @@ def bradley_terry_gates(distances: Tensor, mask: Tensor | None = None) -> Tensor
     """
     distances = _check_distances(distances)
     batch, n = distances.shape
-    mask = _check_mask(mask, batch, n, distances.device)
+    mask = check_mask("mask", mask, (batch, n), distances.device)
     if (distances[mask] <= 0).any():
         raise ValueError("`distances` must be > 0 at every real position for Bradley-Terry gates")
     safe = torch.where(mask, distances, torch.ones_like(distances))  # [B, T], padding -> 1
@@ -192,7 +182,7 @@ def _prepare_alpha(alpha: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, 
     if ((alpha < 0) | (alpha > 1)).any():
         raise ValueError("`alpha` must lie in [0, 1]")
     batch, n, _ = alpha.shape
-    mask = _check_mask(mask, batch, n, alpha.device)
+    mask = check_mask("mask", mask, (batch, n), alpha.device)
     valid = _pair_mask(mask)  # [B, T, T]
     sentinel = _sentinel(mask).unsqueeze(-2)  # [B, 1, T]
     alpha_hat = torch.where(valid & ~sentinel, alpha, torch.ones_like(alpha))
@@ -326,7 +316,7 @@ def gated_attention_weights(
     if (gates < 0).any():
         raise ValueError("`gates` must be non-negative")
     batch, n, _ = raw_attention.shape
-    mask = _check_mask(mask, batch, n, raw_attention.device)
+    mask = check_mask("mask", mask, (batch, n), raw_attention.device)
     valid = _pair_mask(mask).to(raw_attention.dtype)  # [B, T, T]
     gated = gates * raw_attention * valid  # [B, T, T], E[g_i] s~_i
     total = gated.sum(-1, keepdim=True)  # [B, T, 1]
