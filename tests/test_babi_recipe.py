@@ -124,7 +124,11 @@ def test_reproduce_prints_table_beside_paper(data_dir: Path, tmp_path: Path, cap
     assert "MemN2N (paper)" in printed and "87.3 / 46.8" in printed  # Table 4, task 2
     assert "84.7 / 81.8" in printed and "Unary" not in printed.splitlines()[0]
     results = json.loads((out / "results.json").read_text())
-    assert set(results["results"]["2"]) == {"memn2n", "binary-crf"}
+    assert [c["cell"] for c in results["cells"]] == [
+        {"task": 2, "model": "memn2n"},
+        {"task": 2, "model": "binary-crf"},
+    ]
+    assert results["paper"]["cells"]["memn2n"]["2"] == [87.3, 46.8]
     assert (out / "table.md").read_text().startswith("|")
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "ans.png").exists() and (out / "fact.png").exists()

@@ -15,6 +15,7 @@ import torch
 
 from structattn.cli import main
 from structattn.data.tree_transduction import Pair, generate_splits, write_splits
+from structattn.recipes._config import replace_path
 from structattn.recipes.tree_transduction import (
     TreeTransductionConfig,
     collate,
@@ -31,15 +32,9 @@ from structattn.training import (
     save_checkpoint,
 )
 
-TINY = TreeTransductionConfig(
-    dim=8,
-    parser_hidden=4,
-    epochs=2,
-    train_size=40,
-    valid_size=10,
-    batch_size=10,
-    progress=False,
-    log_every=1,
+TINY = replace_path(
+    TreeTransductionConfig(dim=8, parser_hidden=4, train_size=40, valid_size=10, batch_size=10),
+    {"train.epochs": 2, "train.progress": False, "train.log_every": 1},
 )
 
 
@@ -71,8 +66,18 @@ def test_cli_train_eval_smoke(attention: str, data_dir: Path, tmp_path: Path, ca
     args += ["--data-dir", str(data_dir), "--epochs", "1", "--dim", "8", "--parser-hidden", "4"]
     args += ["--batch-size", "10", "--train-size", "20", "--progress", "false"]
     assert main(args) == 0
-    for name in ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt"):
+    for name in ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "done.json"):
         assert (run / name).exists()
+    # the run is scored on the test split when it finishes
+    done = json.loads((run / "done.json").read_text())
+    assert set(done["test"]["per_depth"]) == {"2", "3", "4", "5", "6"}
+    # train again into the same directory: refused (was a silent overwrite of config.json
+    # and metrics.jsonl), unless --force
+    saved = {n: (run / n).read_text() for n in ("config.json", "metrics.jsonl", "done.json")}
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert {n: (run / n).read_text() for n in saved} == saved
+    assert main([*args, "--force"]) == 0
     losses = _losses(run) or [
         json.loads(x)["train_loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
     ]
@@ -97,9 +102,10 @@ def test_cli_train_eval_smoke(attention: str, data_dir: Path, tmp_path: Path, ca
 
 
 def test_training_loss_falls(tmp_path: Path) -> None:
-    config = replace(  # memorise 6 pairs (75 SGD steps): the loss must fall clearly
-        TINY, attention="structured", dim=16, epochs=25, train_size=6, batch_size=2,
-        valid_size=4, decay_start=100, decay_on_plateau=False,
+    config = replace_path(  # memorise 6 pairs (75 SGD steps): the loss must fall clearly
+        TINY, {"attention": "structured", "dim": 16, "train_size": 6, "batch_size": 2,
+               "valid_size": 4, "train.epochs": 25, "train.decay_start": 100,
+               "train.decay_on_plateau": False},
     )  # fmt: skip
     train(config, tmp_path / "run")
     epochs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -110,7 +116,7 @@ def test_training_loss_falls(tmp_path: Path) -> None:
 def test_resume_gives_the_same_losses(tmp_path: Path) -> None:
     config = replace(TINY, attention="structured")
     train(config, tmp_path / "full")
-    train(replace(config, epochs=1), tmp_path / "split")
+    train(replace_path(config, {"train.epochs": 1}), tmp_path / "split")
     train(config, tmp_path / "split", resume=True)
     assert _losses(tmp_path / "full") == pytest.approx(_losses(tmp_path / "split"), rel=1e-6)
     a = load_checkpoint(tmp_path / "full" / "model.pt")["model"]
@@ -123,7 +129,9 @@ def test_resume_after_a_crash_mid_epoch(tmp_path: Path, monkeypatch: pytest.Monk
     """Killed between checkpoints, a run resumes from the last one and logs the same losses."""
     import structattn.recipes.tree_transduction as recipe
 
-    config = replace(TINY, attention="simple", checkpoint_every=3)  # 4 steps per epoch
+    config = replace_path(
+        TINY, {"attention": "simple", "train.checkpoint_every": 3}
+    )  # 4 steps/epoch
     train(config, tmp_path / "full")
     real_loss = recipe.sequence_loss
     steps = {"n": 0}
@@ -148,7 +156,7 @@ def test_resume_after_a_crash_mid_epoch(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_checkpoint_round_trip_and_errors(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    train(replace(TINY, attention="structured", epochs=1), run)
+    train(replace_path(TINY, {"attention": "structured", "train.epochs": 1}), run)
     model, vocab, config = load_trained(run)
     assert config.attention == "structured"
     pairs = load_data(config)["test"][:5]
@@ -201,7 +209,7 @@ def test_atomic_save_keeps_old_file_on_failure(tmp_path: Path) -> None:
 
 def test_beam_search_of_size_one_is_greedy(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    train(replace(TINY, attention="structured", epochs=2, train_size=40), run)
+    train(replace(TINY, attention="structured", train_size=40), run)
     model, vocab, config = load_trained(run)
     model = model.double()  # no float32 near-ties between batched and one-by-one decoding
     pairs: list[Pair] = load_data(config)["test"][:6]

@@ -78,17 +78,44 @@ def tour(seed: int = 0) -> str:
     return text
 
 
-def _commands(sub: Any, name: str, help_text: str) -> Any:
-    """``structattn <name> <recipe> ...``: one sub-parser per recipe (each has its own flags)."""
-    parser = sub.add_parser(name, help=help_text)
-    return parser.add_subparsers(dest="recipe", required=True, metavar="RECIPE")
+# ---- the parser, generated from the recipe registry -------------------------------------------
+EXTRA = 'pip install "structattn[recipes]"'
+
+
+def _preset_config(recipe: Any, args: argparse.Namespace) -> Any:
+    """The config of ``--preset`` (default: the paper's) with the command line's flags."""
+    from .recipes._config import config_from_args
+
+    base = recipe.presets[args.preset].config if args.preset else recipe.config()
+    return config_from_args(recipe.config, args, base)
+
+
+def _run_flags(p: argparse.ArgumentParser, recipe: Any, out_help: str) -> None:
+    p.add_argument(
+        "--preset",
+        choices=sorted(recipe.presets),
+        default=None,
+        help="start from this preset (default: the paper's settings); flags override it",
+    )
+    p.add_argument("--out", default=None, help=out_help)
+    rules = p.add_mutually_exclusive_group()
+    rules.add_argument(
+        "--resume", action="store_true", help="keep finished runs, continue unfinished ones"
+    )
+    rules.add_argument(
+        "--force", action="store_true", help="delete existing runs in --out and train them again"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs trained in parallel processes (default: the preset's, else 1)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .data.babi import PAPER_TASKS
+    from . import recipes
     from .recipes._config import add_config_arguments
-    from .recipes.babi import BabiConfig
-    from .recipes.tree_transduction import TreeTransductionConfig
 
     parser = argparse.ArgumentParser(
         prog="structattn",
@@ -103,180 +130,188 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a tiny run (seconds) for smoke tests")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    rules = p.add_mutually_exclusive_group()
+    rules.add_argument("--resume", action="store_true", help="keep a finished demo in --out")
+    rules.add_argument("--force", action="store_true", help="retrain a demo already in --out")
 
     p = sub.add_parser("tour", help="print a worked example of the inference core")
     p.add_argument("--seed", type=int, default=0, help="random seed")
 
-    recipes = _commands(sub, "data", "write a generated data set")
-    p = recipes.add_parser("tree-transduction", help="prefix -> infix formulas (SAN 4.1)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="data seed")
+    sub.add_parser("list", help="the recipes, their variants and presets")
 
-    recipes = _commands(sub, "train", "train one model")
-    p = recipes.add_parser("tree-transduction", help="SAN 4.1: none / simple / structured")
-    p.add_argument("--out", default=None, help="run directory (default runs/<recipe>/<variant>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    add_config_arguments(p, TreeTransductionConfig)
-    p = recipes.add_parser("babi", help="SAN 4.3: memn2n / unary-crf / binary-crf, N runs")
-    p.add_argument("--out", default=None, help="output dir (default runs/babi/task_NN/<model>)")
-    p.add_argument("--resume", action="store_true", help="keep finished runs, resume the rest")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes")
-    add_config_arguments(p, BabiConfig)
+    commands = {
+        "data": "write a generated data set",
+        "train": "train one model (or a recipe's N seeded runs)",
+        "eval": "evaluate a trained model; predictions JSONL",
+        "reproduce": "train all variants; our table beside the paper's",
+        "viz": "plot attention and structures of trained models",
+    }
+    per_command = {
+        name: sub.add_parser(name, help=text).add_subparsers(
+            dest="recipe", required=True, metavar="RECIPE"
+        )
+        for name, text in commands.items()
+    }
+    for name in recipes.names():
+        recipe = recipes.get(name)
+        if recipe.data is not None:
+            p = per_command["data"].add_parser(name, help=recipe.summary)
+            add_config_arguments(p, recipe.data_options, title="data options")
 
-    recipes = _commands(sub, "eval", "evaluate a trained model on a data file")
-    p = recipes.add_parser("tree-transduction", help="per-depth table; predictions JSONL")
-    p.add_argument("--checkpoint", required=True, help="run directory (or its model.pt)")
-    p.add_argument("--data", required=True, help="file of source<TAB>target lines")
-    p.add_argument("--predictions", default=None, help="write one JSON object per example")
-    p.add_argument("--beam-size", type=int, default=None, help="default: the run's")
-    p.add_argument("--device", default="cpu")
-    p = recipes.add_parser("babi", help="Ans %% and Fact %%; predictions JSONL")
-    p.add_argument(
-        "--checkpoint", required=True, help="a train output dir (its best run) or one run dir"
-    )
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--predictions", default=None, help="write one JSON object per question")
-    p.add_argument("--data-dir", default=None, help="default: the run's")
-    p.add_argument("--device", default="cpu")
+        p = per_command["train"].add_parser(name, help=recipe.summary)
+        layout = "<out>/run_NN" if recipe.multi_run else "<out>"
+        _run_flags(p, recipe, f"output directory (default runs/{name}/<cell>; runs in {layout})")
+        add_config_arguments(p, recipe.config)
 
-    recipes = _commands(sub, "reproduce", "train all variants; our table beside the paper's")
-    p = recipes.add_parser("tree-transduction", help="Table 1 of SAN")
-    p.add_argument("--out", default=None, help="output directory (default runs/<recipe>)")
-    p.add_argument("--resume", action="store_true", help="continue unfinished runs in --out")
-    p.add_argument("--variants", default="none,simple,structured", help="comma-separated")
-    add_config_arguments(p, TreeTransductionConfig, skip={"attention"})
-    p = recipes.add_parser("babi", help="Table 4 of SAN: 12 tasks x 3 models")
-    p.add_argument("--out", default="runs/babi", help="output directory (default runs/babi)")
-    p.add_argument("--resume", action="store_true", help="keep finished runs, resume the rest")
-    p.add_argument("--tasks", default=",".join(map(str, PAPER_TASKS)), help="comma-separated")
-    p.add_argument("--models", default="memn2n,binary-crf,unary-crf", help="comma-separated")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes")
-    add_config_arguments(p, BabiConfig, skip={"task", "model"})
+        p = per_command["eval"].add_parser(name, help=recipe.summary)
+        p.add_argument(
+            "--checkpoint",
+            required=True,
+            help="a run directory, its model.pt, or a train output dir (best run)",
+        )
+        p.add_argument("--predictions", default=None, help="write one JSON object per example")
+        p.add_argument("--device", default="cpu")
+        add_config_arguments(p, recipe.eval_options, title="eval options")
 
-    recipes = _commands(sub, "viz", "plot attention and structures of trained models")
-    p = recipes.add_parser("tree-transduction", help="Figure 3: heatmaps and the MAP parse")
-    p.add_argument(
-        "--checkpoint", required=True, help="a run dir, or a dir with simple/ structured/"
-    )
-    p.add_argument("--source", required=True, help='a source expression, e.g. "( + 1 2 )"')
-    p.add_argument("--out", default=None, help="output directory (default: the checkpoint dir)")
-    p = recipes.add_parser("babi", help="Figure 5: fact-sequence marginals of a CRF model")
-    p.add_argument("--checkpoint", required=True, help="a train output dir or one run dir")
-    p.add_argument(
-        "--question", type=int, required=True, help="question number in --split (0-based)"
-    )
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--data-dir", default=None, help="default: the run's")
-    p.add_argument("--out", default=None, help="PNG file or directory (default: the checkpoint)")
+        p = per_command["reproduce"].add_parser(name, help=recipe.summary)
+        _run_flags(p, recipe, f"output directory (default runs/{name})")
+        for axis in recipe.grid:
+            default = ",".join(map(str, axis.values))
+            p.add_argument(
+                f"--{axis.flag}",
+                default=default,
+                help=f"comma-separated {axis.field} values (default {default})",
+            )
+        add_config_arguments(p, recipe.config, skip={a.field for a in recipe.grid})
+
+        if recipe.viz is None:
+            continue
+        p = per_command["viz"].add_parser(name, help=recipe.summary)
+        p.add_argument(
+            "--checkpoint",
+            required=True,
+            help="a run directory, a train output dir, or a reproduce dir",
+        )
+        p.add_argument("--out", default=None, help="output file or directory (default: beside it)")
+        add_config_arguments(p, recipe.viz_options, title="viz options")
     return parser
 
 
-def _cmd_train(args: argparse.Namespace) -> None:
+def _options(cls: type, args: argparse.Namespace) -> Any:
     from .recipes._config import config_from_args
 
-    if args.recipe == "babi":
-        from .recipes import babi
-
-        bconfig = config_from_args(babi.BabiConfig, args)
-        out = args.out or babi.default_out(bconfig)
-        summary = babi.train(bconfig, out, resume=args.resume, jobs=args.jobs)
-        shown = {k: v for k, v in summary.items() if k not in ("config", "run_scores")}
-        print(json.dumps({"out": out, **shown}, indent=2))
-        return
-    from .recipes.tree_transduction import TreeTransductionConfig, train
-
-    config = config_from_args(TreeTransductionConfig, args)
-    out = args.out or f"runs/tree-transduction/{config.attention}"
-    summary = train(config, out, resume=args.resume)
-    if int(os.environ.get("RANK", "0")) == 0:  # one summary under torchrun
-        print(json.dumps({"run_dir": out, **summary}, indent=2, default=str))
+    return config_from_args(cls, args)
 
 
-def _cmd_eval(args: argparse.Namespace) -> None:
-    if args.recipe == "babi":
-        from dataclasses import replace
+def _grid_values(recipe: Any, config: Any, axis: Any, text: str) -> list[Any]:
+    """``--<axis> a,b``: values converted to the config field's type and checked by it."""
+    from dataclasses import replace
 
-        from .recipes import babi
-
-        qa_model, qa_vocab, bconfig = babi.load_trained(args.checkpoint, args.device)
-        if args.data_dir:
-            bconfig = replace(bconfig, data_dir=args.data_dir)
-        splits, _ = babi.load_data(bconfig)
-        qa = babi.evaluate(
-            qa_model, splits[args.split], qa_vocab, args.device, predictions=args.predictions
-        )
-        fact = "-" if qa["fact"] is None else f"{qa['fact']:.1f}"
-        print(
-            f"task {bconfig.task} {bconfig.model} ({args.split}, {qa['questions']} "
-            f"questions): Ans {qa['ans']:.1f}%  Fact {fact}%"
-        )
-        if args.predictions:
-            print(f"predictions written to {args.predictions}")
-        return
-    from .data.tree_transduction import read_pairs
-    from .recipes.tree_transduction import evaluate, format_table, load_trained
-
-    model, vocab, config = load_trained(args.checkpoint, args.device)
-    pairs = read_pairs(args.data)
-    beam = args.beam_size or config.beam_size
-    scores = evaluate(model, pairs, vocab, args.device, beam, args.predictions)
-    print(format_table({config.attention: scores["per_depth"]}))
-    counts = ", ".join(f"depth {d}: {n}" for d, n in scores["counts"].items())
-    print(f"overall {scores['overall']:.1f}% ({counts}; beam {beam})")
-    if args.predictions:
-        print(f"predictions written to {args.predictions}")
-
-
-def _split_list(text: str, name: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise ValueError(f"`{name}` is empty")
-    return items
+        raise ValueError(f"--{axis.flag} is empty")
+    kind = type(getattr(config, axis.field))
+    try:
+        values = [kind(t) for t in items]
+    except ValueError:
+        message = f"--{axis.flag} must be comma-separated {axis.field} values: {text!r}"
+        raise ValueError(message) from None
+    for value in values:
+        replace(config, **{axis.field: value})  # the config's own checks
+    return values
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> None:
-    from .recipes._config import config_from_args
-
-    if args.recipe == "babi":
-        from .recipes import babi
-
-        try:
-            tasks = [int(t) for t in _split_list(args.tasks, "--tasks")]
-        except ValueError as error:
-            raise ValueError(f"--tasks must be comma-separated task numbers: {error}") from None
-        models = _split_list(args.models, "--models")
-        bconfig = config_from_args(babi.BabiConfig, args)
-        babi.reproduce(bconfig, args.out, tasks, models, resume=args.resume, jobs=args.jobs)
-        return
-    from .recipes.tree_transduction import TreeTransductionConfig, reproduce
-
-    config = config_from_args(TreeTransductionConfig, args)
-    variants = _split_list(args.variants, "--variants")
-    reproduce(config, args.out or "runs/tree-transduction", variants, resume=args.resume)
+def _jobs(recipe: Any, args: argparse.Namespace) -> int:
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        return int(args.jobs)
+    return recipe.presets[args.preset].jobs if args.preset else 1
 
 
-def _cmd_viz(args: argparse.Namespace) -> None:
-    if args.recipe == "babi":
-        from .recipes.babi import visualize as babi_visualize
+def _cmd_train(recipe: Any, args: argparse.Namespace) -> None:
+    from .recipes import runs
 
-        print(babi_visualize(args.checkpoint, args.question, args.out, args.split, args.data_dir))
-        return
-    from .recipes.tree_transduction import visualize
+    config = _preset_config(recipe, args)
+    out = args.out or os.path.join("runs", recipe.name, recipe.cell(config))
+    summary = runs.train_cell(recipe, config, out, args.resume, args.force, _jobs(recipe, args))
+    if summary is not None:  # rank 0 under torchrun
+        shown = {k: v for k, v in summary.items() if k not in ("config", "run_scores")}
+        print(json.dumps({"out": out, **shown}, indent=2, default=str))
 
-    for path in visualize(args.checkpoint, args.source, args.out):
+
+def _cmd_eval(recipe: Any, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .recipes import runs
+
+    run_dir = runs.resolve_run(recipe, args.checkpoint)
+    predictions = Path(args.predictions) if args.predictions else None
+    options = _options(recipe.eval_options, args)
+    print(recipe.evaluate(run_dir, options, args.device, predictions))
+    if predictions:
+        print(f"predictions written to {predictions}")
+
+
+def _cmd_reproduce(recipe: Any, args: argparse.Namespace) -> None:
+    from .recipes import runs
+
+    config = _preset_config(recipe, args)
+    grid = {a.field: _grid_values(recipe, config, a, getattr(args, a.flag)) for a in recipe.grid}
+    out = args.out or os.path.join("runs", recipe.name)
+    runs.reproduce(recipe, config, out, grid, args.resume, args.force, _jobs(recipe, args))
+
+
+def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    assert recipe.viz is not None
+    options = _options(recipe.viz_options, args)
+    for path in recipe.viz(Path(args.checkpoint), options, Path(args.out) if args.out else None):
         print(path)
 
 
-def _cmd_data(args: argparse.Namespace) -> None:
-    from .data.tree_transduction import main_data
-
-    main_data(args.out, seed=args.seed)
+def _cmd_data(recipe: Any, args: argparse.Namespace) -> None:
+    assert recipe.data is not None
+    recipe.data(_options(recipe.data_options, args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
     from .recipes.demo import run_demo
 
-    run_demo(args.out, quick=args.quick, seed=args.seed)
+    run_demo(args.out, quick=args.quick, seed=args.seed, resume=args.resume, force=args.force)
+
+
+def _cmd_list() -> None:
+    from . import recipes
+
+    for name in recipes.names():
+        recipe = recipes.get(name)
+        print(f"{name}: {recipe.summary}")
+        print(f"  variants (--{recipe.variant.replace('_', '-')}): {', '.join(recipe.variants)}")
+        grid = " x ".join(f"--{a.flag}" for a in recipe.grid)
+        print(f"  reproduce grid: {grid}")
+        print("  presets (--preset):")
+        for preset, info in recipe.presets.items():
+            print(f"    {preset:<8} {info.description}")
+
+
+def _missing(command: str, recipe: Any) -> str | None:
+    """The one-line error when ``command`` needs a package that is not installed."""
+    import importlib.util
+
+    needs: tuple[str, ...] = ("matplotlib",) if command == "demo" else ()
+    if recipe is not None:
+        needs = tuple(recipe.needs.get(command, ()))
+    for module in needs:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            where = f"{command} {recipe.name}" if recipe is not None else command
+            return f"`structattn {where}` needs {module}, which is not installed: {EXTRA}"
+    return None
 
 
 class _StderrHandler(logging.Handler):
@@ -299,8 +334,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("structattn: error: --threads must be >= 1", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
+    recipe = None
+    if getattr(args, "recipe", None) is not None:
+        from . import recipes
+
+        recipe = recipes.get(args.recipe)
+    missing = _missing(args.command, recipe)
+    if missing is not None:  # before any work starts
+        print(f"structattn: error: {missing}", file=sys.stderr)
+        return 2
     commands = {
-        "demo": _cmd_demo,
         "data": _cmd_data,
         "train": _cmd_train,
         "eval": _cmd_eval,
@@ -310,8 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "tour":
             tour(seed=args.seed)
+        elif args.command == "list":
+            _cmd_list()
+        elif args.command == "demo":
+            _cmd_demo(args)
         else:
-            commands[args.command](args)
+            commands[args.command](recipe, args)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
         from .training import CheckpointError
 

@@ -16,23 +16,17 @@ Layout of a ``train`` output directory (one task, one model)::
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sys
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, fields, replace
-from multiprocessing import get_context
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data._files import atomic_write_text
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
@@ -50,8 +44,12 @@ from ..data.babi import (
 )
 from ..models import MEMORY_MODELS, MemoryQA
 from ..training import Task, TrainConfig, fit, load_model_state
+from . import runs
+from ._config import config_from_dict, config_to_dict, replace_path
+from .base import GridAxis, Preset, Recipe
 
 __all__ = [
+    "RECIPE",
     "BabiConfig",
     "build_model",
     "evaluate",
@@ -59,6 +57,7 @@ __all__ = [
     "format_table",
     "load_trained",
     "reproduce",
+    "score",
     "summarize",
     "train",
     "train_run",
@@ -68,33 +67,33 @@ __all__ = [
 MODEL_NAMES = {"memn2n": "MemN2N", "binary-crf": "Binary CRF", "unary-crf": "Unary CRF"}
 TABLE_ORDER = ("memn2n", "binary-crf", "unary-crf")  # the paper's column order
 
+#: MemN2N's optimisation (Appendix A.4): summed-loss SGD 0.01 halved every 25 epochs, clip 40
+PAPER_TRAIN = TrainConfig(
+    epochs=100, lr=0.01, max_grad_norm=40.0, decay_every=25, sum_loss=True, log_every=100
+)
+
 
 @dataclass(frozen=True)
 class BabiConfig:
     """Settings of the bAbI experiment (defaults: the paper's, Appendix A.4)."""
 
     task: int = 2  # bAbI task (1..20)
-    model: str = "binary-crf"  # memn2n | unary-crf | binary-crf
+    model: Literal["memn2n", "unary-crf", "binary-crf"] = "binary-crf"  # the variant
     hops: int = 0  # K hops / CRF steps (0 = Table 4's K for the task)
     embed_dim: int = 20  # embedding size
     memory_size: int = MEMORY_SIZE  # the most recent sentences kept in memory
     batch_size: int = 32  # questions per batch (MemN2N's)
-    epochs: int = 100  # training epochs
-    lr: float = 0.01  # SGD learning rate ...
-    decay_every: int = 25  # ... halved every this many epochs
-    max_grad_norm: float = 40.0  # gradient norm clipping
-    sum_loss: bool = True  # lr and clipping act on the batch's summed loss (as in MemN2N)
     linear_start: int = 20  # epochs of linear start (MemN2N: no softmax; CRF: no log-softmax)
-    query_init: str = "default"  # CRF models' Q: "default" (nn.Linear's) | "identity" (q_k = q)
-    runs: int = 20  # training runs with different seeds (seed, seed + 1, ...)
+    query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
+    runs: int = 20  # training runs with different seeds (train.seed, train.seed + 1, ...)
     fact_runs: int = 10  # Fact % = mean over this many runs best on validation
-    seed: int = 0  # seed of the first run
     data_dir: str = ""  # directory with qaN_*_train/test.txt ("" = ../shared/data/babi/en)
     valid_fraction: float = 0.1  # held out from the training file
     split_seed: int = 0  # seed of the validation split (the same for every run)
-    device: str = "cpu"  # cpu | cuda
-    log_every: int = 100  # steps between metric lines
-    progress: bool = True  # progress bars
+    train: TrainConfig = field(default_factory=lambda: PAPER_TRAIN)  # epochs, lr, seed, ...
+
+    def __post_init__(self) -> None:
+        self.check()
 
     @property
     def steps(self) -> int:
@@ -107,13 +106,17 @@ class BabiConfig:
             raise ValueError(f"`model` must be one of {MEMORY_MODELS}, got {self.model!r}")
         if not 1 <= self.task <= 20:
             raise ValueError(f"`task` must be in 1..20, got {self.task}")
-        for name in ("embed_dim", "memory_size", "batch_size", "epochs", "runs", "fact_runs"):
+        for name in ("embed_dim", "memory_size", "batch_size", "runs", "fact_runs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
         if self.query_init not in ("default", "identity"):
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
+        if not 0 <= self.valid_fraction < 1:
+            raise ValueError(f"`valid_fraction` must be in [0, 1), got {self.valid_fraction}")
+        if not isinstance(self.train, TrainConfig) or self.train.epochs < 1:
+            raise ValueError("`train` must be a TrainConfig with epochs >= 1")
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ def _forward(model: nn.Module, batch: BabiBatch) -> Any:
 # ---- model ----------------------------------------------------------------------------------
 def build_model(config: BabiConfig, vocab: BabiVocabulary, seed: int | None = None) -> MemoryQA:
     """The paper's model for ``config.model`` (MemN2N's N(0, 0.1) initialisation)."""
-    torch.manual_seed(config.seed if seed is None else seed)
+    torch.manual_seed(config.train.seed if seed is None else seed)
     model = MemoryQA(len(vocab), config.embed_dim, config.steps, config.memory_size, config.model)
     if config.query_init == "identity" and model.crf is not None:
         with torch.no_grad():
@@ -244,21 +247,16 @@ def _selection_metric(accuracy: float, loss: float) -> float:
 
 
 # ---- one run ---------------------------------------------------------------------------------
-def train_run(
-    config: BabiConfig,
-    run_dir: str | Path,
-    seed: int,
-    resume: bool = False,
-) -> dict[str, Any]:
-    """Train one run (model seed ``seed``), then score its best-on-validation model on the
-    validation and test splits; writes ``done.json`` and returns its content."""
-    config.check()
+def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train one run (model seed ``config.train.seed``) into ``run_dir``; returns fit's
+    summary (the best model on validation is ``model.pt``)."""
     run_dir = Path(run_dir)
+    seed = config.train.seed
     splits, vocab = load_data(config)
     if resume:  # the vocabulary the run was started with
         saved = load_model_state(run_dir, "checkpoint.pt")
         vocab = BabiVocabulary.from_dict(saved["extra"]["vocab"])
-    device = torch.device(config.device)
+    device = torch.device(config.train.device)
     model = build_model(config, vocab, seed)
     train = _Encoded(splits["train"], vocab)
     valid = splits["valid"]
@@ -290,53 +288,42 @@ def train_run(
         collate=train.batch,
         loss=loss,
         validate=validate if valid else None,
-        config={"recipe": "babi", **asdict(config), "run_seed": seed},
+        config={"recipe": "babi", **config_to_dict(config), "run_seed": seed},
         extra={"vocab": vocab.to_dict()},
         on_epoch_start=on_epoch_start,
     )
-    train_config = TrainConfig(
-        epochs=config.epochs,
-        lr=config.lr,
-        max_grad_norm=config.max_grad_norm,
-        decay_every=config.decay_every or None,
-        seed=seed,
-        log_every=config.log_every,
-        device=config.device,
-        progress=config.progress,
-        name=f"task {config.task} {config.model} seed {seed}",
-        epoch_lines=config.progress,
-        sum_loss=config.sum_loss,
+    train_config = replace(
+        config.train,
+        name=config.train.name or f"task {config.task} {config.model} seed {seed}",
+        epoch_lines=config.train.epoch_lines and config.train.progress,
     )
-    started = time.time()
-    summary = fit(task, train_config, run_dir, resume=resume)
-    seconds = time.time() - started
-    trained, _, _ = load_trained(run_dir, config.device)
-    record = {
-        "run": run_dir.name,
-        "seed": seed,
-        "best_epoch": summary["best"].get("epoch", config.epochs),
-        "seconds": seconds,
-        "valid": evaluate(trained, valid, vocab, device) if valid else None,
-        "test": evaluate(trained, splits["test"], vocab, device),
-    }
-    atomic_write_text(run_dir / "done.json", json.dumps(record, indent=2) + "\n")
-    return record
+    return fit(task, train_config, run_dir, resume=resume)
+
+
+def score(config: BabiConfig, run_dir: str | Path) -> dict[str, Any]:
+    """A trained run's validation and test scores (its best model on validation); writes its
+    test predictions (``test_predictions.jsonl``)."""
+    run_dir = Path(run_dir)
+    trained, vocab, _ = load_trained(run_dir, config.train.device)
+    splits, _ = load_data(config)
+    device = config.train.device
+    valid = evaluate(trained, splits["valid"], vocab, device) if splits["valid"] else None
+    predictions = run_dir / "test_predictions.jsonl"
+    return {"valid": valid, "test": evaluate(trained, splits["test"], vocab, device, predictions)}
 
 
 def load_trained(
     checkpoint: str | Path, device: str = "cpu"
 ) -> tuple[MemoryQA, BabiVocabulary, BabiConfig]:
-    """The model of a run directory (its ``model.pt``) or of a ``train`` output directory
-    (its best run on validation), with its vocabulary and config."""
+    """The model of a run directory (its ``model.pt``, loaded with ``weights_only=True``) or
+    of a ``train`` output directory (its best run on validation), its vocabulary and config."""
     path = Path(checkpoint)
-    if path.is_dir() and (path / "summary.json").exists() and not (path / "model.pt").exists():
-        best = json.loads((path / "summary.json").read_text())["best_run"]
-        path = path / best
+    if path.is_dir():
+        path = runs.resolve_run(RECIPE, path)
     state = load_model_state(path)
     if state["config"].get("recipe") != "babi":
         raise ValueError(f"{path} is not a bAbI run (recipe {state['config'].get('recipe')!r})")
-    known = {f.name for f in fields(BabiConfig)}
-    config = BabiConfig(**{k: v for k, v in state["config"].items() if k in known})
+    config = config_from_dict(BabiConfig, state["config"])
     vocab = BabiVocabulary.from_dict(state["extra"]["vocab"])
     model = build_model(config, vocab)
     model.load_state_dict(state["model"])
@@ -344,76 +331,26 @@ def load_trained(
 
 
 # ---- many runs -------------------------------------------------------------------------------
-def _run_worker(config: dict[str, Any], run_dir: str, seed: int, resume: bool, threads: int) -> Any:
-    torch.set_num_threads(threads)
-    return train_run(BabiConfig(**config), run_dir, seed, resume)
+def _select(record: Mapping[str, Any]) -> float:
+    """The rule that picked each run's best epoch: validation accuracy, then lower NLL."""
+    valid = record["valid"] or {"ans": 0.0, "loss": 0.0}
+    return _selection_metric(valid["ans"] / 100, valid["loss"])
 
 
-def _run_state(run_dir: Path) -> str:
-    if (run_dir / "done.json").exists():
-        return "done"
-    return "partial" if (run_dir / "checkpoint.pt").exists() else "new"
-
-
-def _pending_runs(config: BabiConfig, out_dir: Path, resume: bool) -> list[tuple[Path, int, bool]]:
-    """(run dir, seed, resume?) of the runs still to train; refuses to overwrite old runs."""
-    pending = []
-    for r in range(config.runs):
-        run_dir = out_dir / f"run_{r:02d}"
-        state = _run_state(run_dir)
-        if state != "new" and not resume:
-            raise FileExistsError(
-                f"{run_dir} already holds a run; pass --resume to continue (finished runs are "
-                "kept, unfinished ones resume) or choose another --out"
-            )
-        if state != "done":
-            pending.append((run_dir, config.seed + r, state == "partial"))
-    return pending
-
-
-def _execute(
-    jobs: Sequence[tuple[BabiConfig, Path, int, bool]],
-    workers: int,
-    on_done: Callable[[BabiConfig, Path], None],
-    progress: bool = True,
-) -> None:
-    """Train runs, ``workers`` processes at a time (one torch thread each when > 1)."""
-    bar: Any = None
-    if progress and jobs:
-        try:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(jobs), desc="bAbI runs", unit="run", file=sys.stderr)
-        except ImportError:
-            bar = None
-    if workers <= 1:
-        for config, run_dir, seed, resume in jobs:
-            train_run(config, run_dir, seed, resume)
-            on_done(config, run_dir)
-            if bar is not None:
-                bar.update(1)
-    else:
-        threads = max(1, torch.get_num_threads() // workers)
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            futures: dict[Future[Any], tuple[BabiConfig, Path]] = {}
-            queue = list(jobs)
-            while queue or futures:
-                while queue and len(futures) < 2 * workers:
-                    config, run_dir, seed, resume = queue.pop(0)
-                    quiet = replace(config, progress=False)
-                    future = pool.submit(
-                        _run_worker, asdict(quiet), str(run_dir), seed, resume, threads
-                    )
-                    futures[future] = (config, run_dir)
-                done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
-                for future in done:
-                    config, run_dir = futures.pop(future)
-                    future.result()  # re-raise a worker's error
-                    on_done(config, run_dir)
-                    if bar is not None:
-                        bar.update(1)
-    if bar is not None:
-        bar.close()
+def _summarize(config: BabiConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Ans % of the best run on validation, Fact % averaged over the ``fact_runs`` best."""
+    best = records[0]
+    facts = [r["test"]["fact"] for r in records[: config.fact_runs]]
+    return {
+        "task": config.task,
+        "model": config.model,
+        "hops": config.steps,
+        "fact_runs": min(config.fact_runs, len(records)),
+        "ans": best["test"]["ans"],
+        "fact": None if any(f is None for f in facts) else sum(facts) / len(facts),
+        "best_run_fact": best["test"]["fact"],
+        "valid_ans": best["valid"]["ans"] if best["valid"] else None,
+    }
 
 
 def summarize(
@@ -421,63 +358,22 @@ def summarize(
 ) -> dict[str, Any] | None:
     """Combine the finished runs of ``out_dir`` (their ``done.json``): the best run on
     validation gives Ans % (and its Fact %), the ``fact_runs`` best give the mean Fact %.
-    Writes ``summary.json`` (and the best run's ``test_predictions.jsonl``); ``None`` when
-    no run has finished."""
-    out_dir = Path(out_dir)
-    records = [json.loads(path.read_text()) for path in sorted(out_dir.glob("run_*/done.json"))]
-    if not records:
-        return None
-
-    def key(r: dict[str, Any]) -> float:  # the rule that picked each run's best epoch
-        valid = r["valid"] or {"ans": 0.0, "loss": 0.0}
-        return _selection_metric(valid["ans"] / 100, valid["loss"])
-
-    ranked = sorted(records, key=key, reverse=True)
-    best = ranked[0]
-    facts = [r["test"]["fact"] for r in ranked[: config.fact_runs]]
-    fact = None if any(f is None for f in facts) else sum(facts) / len(facts)
-    summary = {
-        "task": config.task,
-        "model": config.model,
-        "hops": config.steps,
-        "runs": len(records),
-        "fact_runs": min(config.fact_runs, len(records)),
-        "best_run": best["run"],
-        "ans": best["test"]["ans"],
-        "fact": fact,
-        "best_run_fact": best["test"]["fact"],
-        "valid_ans": best["valid"]["ans"] if best["valid"] else None,
-        "seconds_per_run": sum(r["seconds"] for r in records) / len(records),
-        "config": asdict(config),
-        "run_scores": [
-            {k: r[k] for k in ("run", "seed", "best_epoch", "seconds", "valid", "test")}
-            for r in records
-        ],
-    }
-    if predictions:
-        model, vocab, run_config = load_trained(out_dir / best["run"], config.device)
-        splits, _ = load_data(run_config)
-        evaluate(model, splits["test"], vocab, config.device, out_dir / "test_predictions.jsonl")
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    return summary
+    Writes ``summary.json`` (and, with ``predictions``, the best run's
+    ``test_predictions.jsonl``); ``None`` when no run has finished."""
+    return runs.summarize_cell(RECIPE, config, out_dir, final=predictions)
 
 
 def train(
-    config: BabiConfig, out_dir: str | Path, resume: bool = False, jobs: int = 1
+    config: BabiConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    jobs: int = 1,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Train ``config.runs`` runs of one task and model into ``out_dir`` (``jobs`` processes
     in parallel) and summarize them (see :func:`summarize`)."""
-    config.check()
     load_data(config)  # fail early on a missing data directory or task
-    out_dir = Path(out_dir)
-    pending = _pending_runs(config, out_dir, resume)
-    _execute(
-        [(config, d, s, r) for d, s, r in pending],
-        jobs,
-        lambda c, d: None,
-        progress=config.progress and jobs > 1,
-    )
-    summary = summarize(out_dir, config)
+    summary = runs.train_cell(RECIPE, config, out_dir, resume, force, jobs)
     assert summary is not None
     return summary
 
@@ -564,66 +460,34 @@ def reproduce(
     models: Sequence[str] = TABLE_ORDER,
     resume: bool = False,
     jobs: int = 1,
+    force: bool = False,
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Train every (task, model) of Table 4 into ``out_dir/task_NN/<model>`` (runs interleaved
-    so every cell fills up evenly), update ``results.json`` as runs finish, print our table
-    beside the paper's; returns ``results[task][model] = summary``."""
-    out_dir = Path(out_dir)
-    cells: dict[tuple[int, str], tuple[BabiConfig, Path]] = {}
-    by_cell: list[list[tuple[BabiConfig, Path, int, bool]]] = []
+    so every cell fills up evenly), update ``results.json`` and ``table.md`` as runs finish,
+    print our table beside the paper's; returns ``results[task][model] = summary``."""
     for task in tasks:
-        for model in models:
-            cell_config = replace(config, task=task, model=model)
-            cell_config.check()
-            load_data(cell_config)
-            cell_dir = out_dir / f"task_{task:02d}" / model
-            cells[(task, model)] = (cell_config, cell_dir)
-            pending = _pending_runs(cell_config, cell_dir, resume)
-            by_cell.append([(cell_config, d, s, r) for d, s, r in pending])
-    # interleave: run 0 of every cell, then run 1, ...
-    jobs_list = [
-        cell[i]
-        for i in range(max(map(len, by_cell), default=0))
-        for cell in by_cell
-        if i < len(cell)
-    ]
-    results: dict[int, dict[str, dict[str, Any]]] = {}
-    started = time.time()
+        load_data(replace(config, task=task))  # fail early on missing data
+    grid: dict[str, list[Any]] = {"task": list(tasks), "model": list(models)}
+    payload = runs.reproduce(RECIPE, config, out_dir, grid, resume, force, jobs)
+    return _nested(payload["results"])
 
-    def write_results() -> None:
-        payload = {
-            "tasks": list(tasks),
-            "models": list(models),
-            "seconds": time.time() - started,
-            "results": {str(t): r for t, r in results.items()},
-        }
-        atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
-        text = format_table(results) + "\n\n" + format_runs(results) + "\n"
-        atomic_write_text(out_dir / "table.md", text)
 
-    def on_done(cell_config: BabiConfig, run_dir: Path) -> None:
-        summary = summarize(run_dir.parent, cell_config, predictions=False)
-        if summary is not None:
-            results.setdefault(cell_config.task, {})[cell_config.model] = summary
-            write_results()
+def _nested(
+    results: Mapping[tuple[Any, ...], Mapping[str, Any]],
+) -> dict[int, dict[str, dict[str, Any]]]:
+    nested: dict[int, dict[str, dict[str, Any]]] = {}
+    for (task, model), summary in results.items():
+        nested.setdefault(task, {})[model] = dict(summary)
+    return nested
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for (task, model), (cell_config, cell_dir) in cells.items():  # runs finished earlier
-        summary = summarize(cell_dir, cell_config, predictions=False)
-        if summary is not None:
-            results.setdefault(task, {})[model] = summary
-    _execute(jobs_list, jobs, on_done, progress=config.progress)
-    for (task, model), (cell_config, cell_dir) in cells.items():
-        summary = summarize(cell_dir, cell_config, predictions=True)
-        if summary is not None:
-            results.setdefault(task, {})[model] = summary
-    write_results()
-    print(format_table(results))
-    print()
-    print(format_runs(results))
-    for path in plot_results(results, out_dir):
-        print(f"plot written to {path}")
-    return results
+
+def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
+    nested = _nested(results)
+    return format_table(nested) + "\n\n" + format_runs(nested)
+
+
+def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
+    return plot_results(_nested(results), out)
 
 
 def plot_results(results: dict[int, dict[str, dict[str, Any]]], out_dir: str | Path) -> list[Path]:
@@ -728,4 +592,85 @@ def visualize(
 
 def default_out(config: BabiConfig) -> str:
     """``runs/babi/task_NN/<model>``."""
-    return os.path.join("runs", "babi", f"task_{config.task:02d}", config.model)
+    return str(Path("runs", "babi", _cell_dir(config)))
+
+
+def _cell_dir(config: BabiConfig) -> str:
+    return f"task_{config.task:02d}/{config.model}"
+
+
+# ---- command-line options -------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalOptions:
+    """``structattn eval babi``'s own flags."""
+
+    split: Literal["train", "valid", "test"] = "test"  # the split to score
+    data_dir: str | None = field(default=None, metadata={"help": "default: the run's"})
+
+
+@dataclass(frozen=True)
+class VizOptions:
+    """``structattn viz babi``'s own flags (Figure 5)."""
+
+    question: int = 0  # question number in --split (0-based)
+    split: Literal["train", "valid", "test"] = "test"  # the split of --question
+    data_dir: str | None = field(default=None, metadata={"help": "default: the run's"})
+
+
+def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Path | None) -> str:
+    model, vocab, config = load_trained(run_dir, device)
+    if options.data_dir:
+        config = replace(config, data_dir=options.data_dir)
+    splits, _ = load_data(config)
+    qa = evaluate(model, splits[options.split], vocab, device, predictions=predictions)
+    fact = "-" if qa["fact"] is None else f"{qa['fact']:.1f}"
+    return (
+        f"task {config.task} {config.model} ({options.split}, {qa['questions']} "
+        f"questions): Ans {qa['ans']:.1f}%  Fact {fact}%"
+    )
+
+
+def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
+    return [visualize(checkpoint, options.question, out, options.split, options.data_dir)]
+
+
+_CPU = BabiConfig(runs=5, fact_runs=3)
+_QUICK = replace_path(
+    BabiConfig(runs=2, fact_runs=1, linear_start=1),
+    {"train.epochs": 2, "train.progress": False, "train.log_every": 10},
+)
+
+RECIPE = Recipe(
+    name="babi",
+    summary="SAN 4.3, Table 4 / Figure 5: bAbI QA with MemN2N, unary and binary CRF memory",
+    config=BabiConfig,
+    variant="model",
+    variants=TABLE_ORDER,
+    presets={
+        "paper": Preset(BabiConfig(), "Appendix A.4: 100 epochs, 20 runs per task and model"),
+        "cpu": Preset(_CPU, "the paper's settings, 5 runs per cell, 2 processes", 2),
+        "quick": Preset(_QUICK, "seconds: 2 runs of 2 epochs (smoke tests)"),
+    },
+    train=train_run,
+    score=score,
+    select=_select,
+    summarize=_summarize,
+    cell_dir=_cell_dir,
+    grid=(GridAxis("tasks", "task", PAPER_TASKS), GridAxis("models", "model", TABLE_ORDER)),
+    table=_table,
+    paper={
+        "source": "Kim et al. 2017, Table 4 (Ans % / Fact %)",
+        "hops": {str(t): k for t, k in PAPER_HOPS.items()},
+        "cells": {
+            m: {str(t): list(v) for t, v in PAPER_TABLE4[m.replace("-", "_")].items()}
+            for m in TABLE_ORDER
+        },
+        "average": {m: list(PAPER_TABLE4_AVERAGE[m.replace("-", "_")]) for m in TABLE_ORDER},
+    },
+    evaluate=_evaluate,
+    eval_options=EvalOptions,
+    viz=_viz,
+    viz_options=VizOptions,
+    multi_run=True,
+    plots=_plots,
+)

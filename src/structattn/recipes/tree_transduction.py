@@ -1,37 +1,48 @@
 """Recipe: tree transduction, prefix -> infix (Kim et al. 2017, sec. 4.1 and Appendix A.2).
 
-Config (paper values as defaults) -> build -> train -> evaluate, plus reproduce and demo.
+Config (paper values as defaults) -> data -> build -> train -> score / evaluate -> table,
+plots; registered as ``tree-transduction`` (:data:`RECIPE`); the demo is its ``demo`` preset.
 Metric: the average proportion of correct target tokens before the first error, per depth.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import sys
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data._files import atomic_write_text
-from ..data.tree_transduction import Pair, Vocabulary, generate_splits, read_splits
+from ..data.tree_transduction import (
+    Pair,
+    Vocabulary,
+    generate_splits,
+    main_data,
+    read_pairs,
+    read_splits,
+)
 from ..models import StructuredSeq2Seq
 from ..training import Task, TrainConfig, fit, load_model_state
+from . import runs
+from ._config import config_from_dict, config_to_dict, replace_path
+from .base import GridAxis, Preset, Recipe
 
 __all__ = [
     "PAPER_TABLE",
+    "RECIPE",
+    "SAMPLE_SOURCE",
     "TreeTransductionConfig",
     "build_model",
     "evaluate",
     "load_trained",
     "reproduce",
+    "score",
     "train",
     "visualize",
 ]
@@ -45,32 +56,44 @@ PAPER_TABLE: dict[int, tuple[float, float, float]] = {
     6: (1.5, 8.5, 18.2),
 }
 VARIANTS = ("none", "simple", "structured")
+SAMPLE_SOURCE = "( * ( + ( + 15 7 ) 1 8 ) ( + 19 0 11 ) )"  # the paper's example (depth 3)
+
+#: the paper's optimisation (Appendix A.2): SGD 1.0, clip 1, halving from epoch 9 or plateau
+PAPER_TRAIN = TrainConfig(
+    epochs=13, lr=1.0, max_grad_norm=1.0, decay_start=9, decay_on_plateau=True, log_every=50
+)
 
 
 @dataclass(frozen=True)
 class TreeTransductionConfig:
     """Settings of the tree-transduction experiment (defaults: the paper's, Appendix A.2)."""
 
-    attention: str = "structured"  # encoder self-attention: none | simple | structured
+    attention: Literal["none", "simple", "structured"] = "structured"  # encoder self-attention
     dim: int = 50  # l: embedding and LSTM size
     parser_hidden: int = 50  # size of each direction of the parsing biLSTM
     batch_size: int = 20  # sentences per batch
-    epochs: int = 13  # training epochs
-    lr: float = 1.0  # SGD learning rate
-    decay_start: int = 9  # halve the lr after every epoch from this one on ...
-    decay_on_plateau: bool = True  # ... or from when validation perplexity stops improving
     init_range: float = 0.1  # parameters ~ U[-init_range, init_range]
-    max_grad_norm: float = 1.0  # gradient norm clipping
     beam_size: int = 5  # beam search at test time
-    seed: int = 0  # model initialisation, batch order, dropout
     data_dir: str = ""  # directory with train/valid/test.tsv ("" = generate with data_seed)
     data_seed: int = 0  # seed of the generated data set
     train_size: int = 0  # use a seeded subset of this many training pairs (0 = all)
     valid_size: int = 0  # likewise for validation (0 = all)
-    device: str = "cpu"  # cpu | cuda
-    log_every: int = 50  # steps between metric lines
-    checkpoint_every: int = 0  # also checkpoint every this many steps (0 = per epoch only)
-    progress: bool = True  # progress bars
+    test_size: int = 0  # score on every (n // test_size)-th test pair (0 = all)
+    train: TrainConfig = field(default_factory=lambda: PAPER_TRAIN)  # epochs, lr, seed, ...
+
+    def __post_init__(self) -> None:
+        if self.attention not in VARIANTS:
+            raise ValueError(f"`attention` must be one of {VARIANTS}, got {self.attention!r}")
+        for name in ("dim", "parser_hidden", "batch_size", "beam_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        for name in ("train_size", "valid_size", "test_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
+        if not self.init_range > 0:
+            raise ValueError(f"`init_range` must be > 0, got {self.init_range}")
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"`train` must be a TrainConfig, got {type(self.train).__name__}")
 
 
 class Batch(NamedTuple):
@@ -87,10 +110,12 @@ def load_data(config: TreeTransductionConfig) -> dict[str, list[Pair]]:
         splits = read_splits(config.data_dir)
     else:
         splits = generate_splits(seed=config.data_seed)
-    rng = random.Random(config.seed)
+    rng = random.Random(config.train.seed)
     for name, size in (("train", config.train_size), ("valid", config.valid_size)):
         if size and size < len(splits[name]):
             splits[name] = rng.sample(splits[name], size)
+    if config.test_size:
+        splits["test"] = splits["test"][:: max(1, len(splits["test"]) // config.test_size)]
     return splits
 
 
@@ -127,7 +152,7 @@ def batches_for_epoch(
 # ---- model --------------------------------------------------------------------------------
 def build_model(config: TreeTransductionConfig, vocab: Vocabulary) -> StructuredSeq2Seq:
     """The paper's model for ``config.attention``, initialised U[-init_range, init_range]."""
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.train.seed)
     model = StructuredSeq2Seq(
         len(vocab), config.dim, config.attention, config.parser_hidden, padding_idx=vocab.pad_id
     )
@@ -225,7 +250,7 @@ def evaluate(
             }
         )
     if predictions is not None:
-        atomic_write_text(predictions, "".join(json.dumps(r) + "\n" for r in records))
+        runs.write_jsonl(predictions, records)
     table = {d: 100.0 * sum(v) / len(v) for d, v in sorted(per_depth.items())}
     counts = {d: len(v) for d, v in sorted(per_depth.items())}
     overall = 100.0 * sum(sum(v) for v in per_depth.values()) / max(len(pairs), 1)
@@ -239,9 +264,7 @@ def train(
     resume: bool = False,
     splits: dict[str, list[Pair]] | None = None,
 ) -> dict[str, Any]:
-    """Train one variant; writes the run directory; returns the training summary."""
-    if config.attention not in VARIANTS:
-        raise ValueError(f"`attention` must be one of {VARIANTS}, got {config.attention!r}")
+    """Train one variant into ``run_dir`` (``fit``'s files); returns fit's summary."""
     run_dir = Path(run_dir)
     if resume:
         saved = load_model_state(run_dir, "checkpoint.pt")
@@ -249,7 +272,7 @@ def train(
     splits = splits or load_data(config)
     if not resume:
         vocab = Vocabulary.build(splits["train"])  # unseen test tokens map to <unk>
-    device = torch.device(config.device)
+    device = torch.device(config.train.device)
     model = build_model(config, vocab)
     valid = splits["valid"]
 
@@ -260,67 +283,103 @@ def train(
     task = Task(
         model=model,
         batches=lambda epoch: batches_for_epoch(
-            splits["train"], config.batch_size, config.seed, epoch
+            splits["train"], config.batch_size, config.train.seed, epoch
         ),
         collate=lambda pairs, dev: collate(pairs, vocab, dev),
         loss=sequence_loss,
         validate=validate,
-        config={"recipe": "tree-transduction", **asdict(config)},
+        config={"recipe": "tree-transduction", **config_to_dict(config)},
         extra={"vocab": vocab.to_dict()},
     )
-    train_config = TrainConfig(
-        epochs=config.epochs,
-        lr=config.lr,
-        max_grad_norm=config.max_grad_norm,
-        decay_start=config.decay_start,
-        decay_on_plateau=config.decay_on_plateau,
-        seed=config.seed,
-        log_every=config.log_every,
-        checkpoint_every=config.checkpoint_every or None,
-        device=config.device,
-        progress=config.progress,
-        name=config.attention,
-    )
+    train_config = config.train if config.train.name else replace(
+        config.train, name=config.attention
+    )  # fmt: skip
     return fit(task, train_config, run_dir, resume=resume)
 
 
 def load_trained(
     run_dir: str | Path, device: str = "cpu"
 ) -> tuple[StructuredSeq2Seq, Vocabulary, TreeTransductionConfig]:
-    """The best model of a run directory (``model.pt``), its vocabulary and config."""
+    """The best model of a run directory (``model.pt``, loaded with ``weights_only=True``),
+    its vocabulary and config (also from runs saved before configs were nested)."""
     state = load_model_state(run_dir)
-    fields = {
-        k: v for k, v in state["config"].items() if k in TreeTransductionConfig.__dataclass_fields__
-    }
-    config = TreeTransductionConfig(**fields)
+    saved = state["config"]
+    if saved.get("recipe", "tree-transduction") != "tree-transduction":
+        raise ValueError(f"{run_dir} is not a tree-transduction run ({saved.get('recipe')!r})")
+    config = config_from_dict(TreeTransductionConfig, saved)
     vocab = Vocabulary.from_dict(state["extra"]["vocab"])
     model = build_model(config, vocab)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), vocab, config
 
 
+def score(config: TreeTransductionConfig, run_dir: str | Path) -> dict[str, Any]:
+    """A trained run's validation perplexity (of its best epoch) and test scores (beam
+    search); writes ``test_predictions.jsonl`` in the run directory."""
+    run_dir = Path(run_dir)
+    model, vocab, _ = load_trained(run_dir, config.train.device)
+    valid = dict(load_model_state(run_dir)["valid"])
+    test = load_data(config)["test"]
+    scores = evaluate(
+        model,
+        test,
+        vocab,
+        config.train.device,
+        config.beam_size,
+        run_dir / "test_predictions.jsonl",
+    )
+    return {"valid": valid, "test": scores}
+
+
+def _select(record: Mapping[str, Any]) -> float:
+    """Lower validation perplexity is better."""
+    return -float(record.get("valid", {}).get("perplexity", math.inf))
+
+
+def _int_keys(table: Mapping[Any, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in table.items()}
+
+
+def _summarize(
+    config: TreeTransductionConfig, records: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    best = records[0]
+    return {
+        "attention": config.attention,
+        "per_depth": _int_keys(best["test"]["per_depth"]),
+        "counts": _int_keys(best["test"]["counts"]),
+        "overall": best["test"]["overall"],
+        "valid_perplexity": best["valid"].get("perplexity"),
+        "best": best["train"].get("best", {}),
+        "epochs": best["train"].get("epochs"),
+        "seconds": best["seconds"],
+    }
+
+
 # ---- tables -------------------------------------------------------------------------------
-def format_table(results: dict[str, dict[int, float]], with_paper: bool = True) -> str:
+def format_table(results: Mapping[str, Mapping[Any, float]], with_paper: bool = True) -> str:
     """Per-depth table of our numbers (and the paper's Table 1 beside them)."""
     variants = [v for v in VARIANTS if v in results]
     names = {"none": "No Atten", "simple": "Simple", "structured": "Structured"}
+    ours = {v: _int_keys(results[v]) for v in variants}
     header = ["Depth", *(f"{names[v]} (ours)" for v in variants)]
     if with_paper:
         header += [f"{names[v]} (paper)" for v in variants]
-    depths = sorted({d for r in results.values() for d in r})
+    depths = sorted({d for r in ours.values() for d in r})
     rows = []
     for d in depths:
-        row = [str(d)] + [f"{results[v].get(d, float('nan')):.1f}" for v in variants]
+        row = [str(d)] + [f"{ours[v].get(d, float('nan')):.1f}" for v in variants]
         if with_paper:
             row += [
                 f"{PAPER_TABLE[d][VARIANTS.index(v)]:.1f}" if d in PAPER_TABLE else "-"
                 for v in variants
             ]
         rows.append(row)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+    return runs.markdown_table(header, rows)
+
+
+def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
+    return format_table({key[0]: summary["per_depth"] for key, summary in results.items()})
 
 
 def reproduce(
@@ -328,32 +387,14 @@ def reproduce(
     out_dir: str | Path,
     variants: Sequence[str] = VARIANTS,
     resume: bool = False,
+    force: bool = False,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Train every variant on the same data, evaluate on the test set, write results.json."""
-    out_dir = Path(out_dir)
-    splits = load_data(config)
-    results: dict[str, dict[int, float]] = {}
-    summary: dict[str, Any] = {"config": asdict(config), "variants": {}}
-    for variant in variants:
-        run_dir = out_dir / variant
-        variant_config = replace(config, attention=variant)
-        print(f"== training {variant} -> {run_dir}", file=sys.stderr)
-        resume_run = resume and (run_dir / "checkpoint.pt").exists()
-        info = train(variant_config, run_dir, resume=resume_run, splits=splits)
-        model, vocab, _ = load_trained(run_dir, config.device)
-        scores = evaluate(
-            model,
-            splits["test"],
-            vocab,
-            config.device,
-            config.beam_size,
-            run_dir / "test_predictions.jsonl",
-        )
-        results[variant] = scores["per_depth"]
-        summary["variants"][variant] = {**scores, "train": info}
-    atomic_write_text(out_dir / "results.json", json.dumps(summary, indent=2, default=str) + "\n")
-    print(format_table(results))
-    return summary
+    """Train every variant on the same data, score it on the test set, write
+    ``results.json`` and ``table.md``, print the table beside the paper's."""
+    return runs.reproduce(
+        RECIPE, config, out_dir, {"attention": list(variants)}, resume, force, jobs
+    )
 
 
 # ---- plots ----------------------------------------------------------------------------------
@@ -421,3 +462,110 @@ def visualize(checkpoint: str | Path, source: str, out_dir: str | Path | None = 
     if not written:
         raise ValueError(f"no model with self-attention (simple/structured) under {checkpoint}")
     return written
+
+
+def depth_plot(results: Mapping[str, Mapping[Any, float]], path: str | Path, title: str) -> Path:
+    """Our per-depth accuracy (lines) beside the paper's (dashed): ``accuracy_by_depth.png``."""
+    from ..viz import depth_curves
+
+    ours = {v: _int_keys(results[v]) for v in results}
+    reference = {v: {d: PAPER_TABLE[d][VARIANTS.index(v)] for d in PAPER_TABLE} for v in ours}
+    return depth_curves(ours, Path(path), reference=reference, title=title)
+
+
+def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
+    per_depth = {key[0]: summary["per_depth"] for key, summary in results.items()}
+    title = "Tree transduction: ours vs paper"
+    return [depth_plot(per_depth, out / "accuracy_by_depth.png", title)]
+
+
+# ---- command-line options -------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalOptions:
+    """``structattn eval tree-transduction``'s own flags."""
+
+    data: str = field(default="", metadata={"help": "file of source<TAB>target lines "
+                      "(default: the run's test split)"})  # fmt: skip
+    beam_size: int | None = field(default=None, metadata={"help": "default: the run's"})
+
+
+@dataclass(frozen=True)
+class VizOptions:
+    """``structattn viz tree-transduction``'s own flags."""
+
+    source: str = field(
+        default=SAMPLE_SOURCE, metadata={"help": 'a source expression, e.g. "( + 1 2 )"'}
+    )
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """``structattn data tree-transduction``'s flags."""
+
+    out: str = field(default="", metadata={"required": True, "help": "output directory"})
+    seed: int = field(default=0, metadata={"help": "data seed"})
+
+
+def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Path | None) -> str:
+    model, vocab, config = load_trained(run_dir, device)
+    pairs = read_pairs(options.data) if options.data else load_data(config)["test"]
+    beam = options.beam_size or config.beam_size
+    scores = evaluate(model, pairs, vocab, device, beam, predictions)
+    counts = ", ".join(f"depth {d}: {n}" for d, n in scores["counts"].items())
+    table = format_table({config.attention: scores["per_depth"]})
+    return f"{table}\noverall {scores['overall']:.1f}% ({counts}; beam {beam})"
+
+
+def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
+    return visualize(checkpoint, options.source, out)
+
+
+def _data(options: DataOptions) -> None:
+    main_data(options.out, seed=options.seed)
+
+
+# ---- presets and the record -------------------------------------------------------------------
+_CPU = TreeTransductionConfig(train=replace(PAPER_TRAIN, epochs=5, decay_start=3))
+#: the demo: the paper's model and data, 5 epochs (about 3 minutes per model on 2 CPU cores)
+DEMO_CONFIG = replace_path(_CPU, {"train.progress": False, "train.log_every": 100})
+#: a seconds-long smoke run (tests, CI, ``structattn demo --quick``)
+QUICK_CONFIG = replace_path(
+    DEMO_CONFIG,
+    {"train.epochs": 1, "train_size": 60, "valid_size": 20, "test_size": 50, "dim": 16,
+     "parser_hidden": 8, "beam_size": 2},
+)  # fmt: skip
+
+RECIPE = Recipe(
+    name="tree-transduction",
+    summary="SAN 4.1, Table 1: prefix -> infix with none / simple / structured self-attention",
+    config=TreeTransductionConfig,
+    variant="attention",
+    variants=VARIANTS,
+    presets={
+        "paper": Preset(TreeTransductionConfig(), "Appendix A.2: 13 epochs, 15K pairs"),
+        "cpu": Preset(_CPU, "the paper's model and data, 5 epochs (minutes per model on a CPU)"),
+        "demo": Preset(DEMO_CONFIG, "structattn demo: the cpu preset, quiet, 2 processes", 2),
+        "quick": Preset(QUICK_CONFIG, "seconds: 60 pairs, 1 epoch, tiny model (smoke tests)"),
+    },
+    train=train,
+    score=score,
+    select=_select,
+    summarize=_summarize,
+    cell_dir=lambda config: config.attention,
+    grid=(GridAxis("variants", "attention", VARIANTS),),
+    table=_table,
+    paper={
+        "source": "Kim et al. 2017, Table 1",
+        "metric": "% target tokens correct before the first error",
+        "per_depth": {
+            v: {str(d): PAPER_TABLE[d][i] for d in PAPER_TABLE} for i, v in enumerate(VARIANTS)
+        },
+    },
+    evaluate=_evaluate,
+    eval_options=EvalOptions,
+    viz=_viz,
+    viz_options=VizOptions,
+    data=_data,
+    data_options=DataOptions,
+    plots=_plots,
+)

@@ -1,0 +1,178 @@
+"""The recipe record: what a paper experiment gives the shared runner and the command line.
+
+A recipe is a flat module (config dataclass, data, build, train, evaluate, table, plots)
+that ends with one :class:`Recipe` record of its functions; :mod:`structattn.recipes`
+registers it by name, and ``structattn data|train|eval|reproduce|viz <name>`` are generated
+from the record (:mod:`structattn.cli`); run directories, seeded runs in parallel, resume,
+best-run selection, results files and tables come from :mod:`structattn.recipes.runs`.
+
+Protocol of one run (``train`` then ``score``, driven by the runner)::
+
+    train(config, run_dir, resume) -> dict   fit() one model into run_dir (seed:
+                                             config.train.seed); returns fit's summary
+    score(config, run_dir) -> dict           {"valid": {...}, "test": {...}} of the trained
+                                             run; writes run_dir/test_predictions.jsonl
+    select(record) -> float                  validation score of a finished run's record
+                                             (done.json), higher is better
+    summarize(config, records) -> dict       one cell's summary from its finished runs'
+                                             records, best first (what the table shows)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "GridAxis",
+    "NoOptions",
+    "Preset",
+    "Recipe",
+    "best_on_validation",
+    "best_run_scores",
+    "markdown_table",
+    "scores_table",
+]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named config of a recipe (``--preset NAME``)."""
+
+    config: Any  # the recipe's config dataclass instance
+    description: str  # one line for ``structattn list``
+    jobs: int = 1  # default ``--jobs`` (runs trained in parallel processes)
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One axis of ``reproduce``'s grid: ``--<flag> a,b,c`` sweeps the config field ``field``."""
+
+    flag: str  # reproduce's flag, e.g. "variants" (--variants none,simple)
+    field: str  # the config field it sets, e.g. "attention"
+    values: tuple[Any, ...]  # default values (the paper's table)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A right-aligned Markdown table."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+def best_on_validation(record: Mapping[str, Any]) -> float:
+    """Default ``select``: the validation ``metric`` of the run's best epoch (fit's summary)."""
+    return float(record.get("train", {}).get("best", {}).get("metric", -math.inf))
+
+
+def best_run_scores(config: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Default ``summarize``: the validation and test scores of the best run."""
+    return {"valid": records[0].get("valid"), "test": records[0].get("test")}
+
+
+def _number(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def scores_table(
+    results: Mapping[tuple[Any, ...], Mapping[str, Any]], paper: Mapping[str, Any]
+) -> str:
+    """Default ``table``: one row per cell, its numeric test scores, and beside them the
+    paper's ``paper[cell label][score]`` where given."""
+    keys = sorted(
+        {k for s in results.values() for k, v in (s.get("test") or {}).items()
+         if isinstance(v, int | float) and not isinstance(v, bool)}
+    )  # fmt: skip
+    header = ["Cell", *(f"{k} (ours)" for k in keys), *(f"{k} (paper)" for k in keys)]
+    rows = []
+    for cell, summary in results.items():
+        label = " ".join(map(str, cell))
+        test = summary.get("test") or {}
+        reference = paper.get(label, {}) if isinstance(paper.get(label), Mapping) else {}
+        rows.append(
+            [
+                label,
+                *(_number(test.get(k)) for k in keys),
+                *(_number(reference.get(k)) for k in keys),
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A command without flags of its own."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A paper experiment as a flat record of functions (see the module docstring); the
+    optional fields have generic defaults."""
+
+    name: str  # command-line name, e.g. "tree-transduction"
+    summary: str  # one line: paper, section, what is measured
+    config: type  # config dataclass (paper defaults, a `train: TrainConfig` field)
+    variant: str  # the config field that selects the model variant, e.g. "attention"
+    variants: tuple[str, ...]  # its values
+    presets: Mapping[str, Preset]  # at least "paper", "cpu" and "quick"
+    train: Callable[[Any, Path, bool], dict[str, Any]]  # (config, run_dir, resume) -> fit summary
+    score: Callable[[Any, Path], dict[str, Any]]  # (config, run_dir) -> {"valid", "test"}
+    evaluate: Callable[[Path, Any, str, Path | None], str]  # (run, options, device, jsonl) -> text
+    eval_options: type = NoOptions  # dataclass: eval's own flags
+    select: Callable[[Mapping[str, Any]], float] = best_on_validation  # record -> valid. score
+    summarize: Callable[[Any, Sequence[Mapping[str, Any]]], dict[str, Any]] = best_run_scores
+    cell_dir: Callable[[Any], str] | None = None  # config -> dir below --out (default: variant)
+    grid: tuple[GridAxis, ...] = ()  # reproduce's grid (default: --variants over the variants)
+    table: Callable[[Mapping[tuple[Any, ...], Mapping[str, Any]]], str] | None = None  # ours
+    # beside the paper's, Markdown (default: scores_table)
+    paper: Mapping[str, Any] = field(default_factory=dict)  # the paper's table as JSON
+    viz: Callable[[Path, Any, Path | None], list[Path]] | None = None  # (checkpoint, options,
+    # out) -> files written
+    viz_options: type = NoOptions  # dataclass: viz's own flags
+    data: Callable[[Any], None] | None = None  # `structattn data <name>` (generated data sets)
+    data_options: type = NoOptions  # dataclass: data's flags
+    multi_run: bool = False  # True: `train` trains config.runs seeded runs into out/run_NN
+    plots: Callable[[Mapping[tuple[Any, ...], Mapping[str, Any]], Path], list[Path]] | None = (
+        None  # reproduce's result plots (skipped with a notice without matplotlib)
+    )
+    needs: Mapping[str, tuple[str, ...]] = field(  # command -> modules it cannot run without
+        default_factory=lambda: {"viz": ("matplotlib",)}
+    )
+
+    def __post_init__(self) -> None:
+        missing = {"paper", "cpu", "quick"} - set(self.presets)
+        if missing:
+            raise ValueError(f"recipe {self.name!r}: presets {sorted(missing)} are missing")
+        names = {f.name for f in fields(self.config)}
+        if not self.variants or self.variant not in names:
+            raise ValueError(f"recipe {self.name!r}: `variant` must name a config field")
+        if "train" not in names:
+            raise ValueError(f"recipe {self.name!r}: the config needs a `train: TrainConfig`")
+        if self.multi_run and "runs" not in names:
+            raise ValueError(f"recipe {self.name!r}: multi_run needs a `runs` config field")
+        if self.cell_dir is None:
+            variant = self.variant
+            object.__setattr__(self, "cell_dir", lambda config: str(getattr(config, variant)))
+        if not self.grid:
+            axis = GridAxis("variants", self.variant, tuple(self.variants))
+            object.__setattr__(self, "grid", (axis,))
+        if self.table is None:
+            paper = self.paper
+            object.__setattr__(self, "table", lambda results: scores_table(results, paper))
+
+    def cell(self, config: Any) -> str:
+        """The directory of ``config``'s cell below an output directory."""
+        assert self.cell_dir is not None
+        return self.cell_dir(config)
+
+    def format_table(self, results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
+        """Our table beside the paper's (Markdown)."""
+        assert self.table is not None
+        return self.table(results)

@@ -1,0 +1,357 @@
+"""The recipe platform: every registered recipe through the CLI, an example recipe added
+through the public registry, run-directory rules, atomic result files, dependency checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+from torch import nn
+
+from structattn import recipes
+from structattn.cli import main
+from structattn.recipes import Preset, Recipe, runs
+from structattn.recipes._config import config_from_dict, config_to_dict, replace_path
+from structattn.training import Task, TrainConfig, fit, load_model_state
+
+BABI = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "babi" / "en"
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+# ---- the example: a complete recipe in ~60 lines -----------------------------------------------
+@dataclass(frozen=True)
+class ToyConfig:
+    """Which of 3 inputs is largest? (a toy classification task)"""
+
+    model: Literal["linear", "mlp"] = "linear"  # the variant
+    size: int = 96  # training examples (validation and test: 48 each)
+    runs: int = 2  # seeded runs (train.seed, train.seed + 1, ...); the best on validation counts
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=4, lr=0.5, progress=False, epoch_lines=False)
+    )
+
+    def __post_init__(self) -> None:
+        if self.size < 16:
+            raise ValueError(f"`size` must be >= 16, got {self.size}")
+
+
+def toy_data(config: ToyConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    x = torch.randn(config.size + 96, 3, generator=torch.Generator().manual_seed(0))
+    y = x.argmax(-1)
+    cut = [0, config.size, config.size + 48, config.size + 96]
+    names = ("train", "valid", "test")
+    return {s: (x[a:b], y[a:b]) for s, a, b in zip(names, cut, cut[1:], strict=False)}
+
+
+def toy_model(config: ToyConfig) -> nn.Module:
+    torch.manual_seed(config.train.seed)
+    if config.model == "linear":
+        return nn.Linear(3, 3)
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def toy_accuracy(model: nn.Module, split: tuple[torch.Tensor, torch.Tensor]) -> float:
+    with torch.no_grad():
+        return 100.0 * float((model(split[0]).argmax(-1) == split[1]).float().mean())
+
+
+def toy_train(config: ToyConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
+    data = toy_data(config)
+    x, y = data["train"]
+    task = Task(
+        model=toy_model(config),
+        batches=lambda epoch: [list(range(i, i + 16)) for i in range(0, len(y), 16)],
+        collate=lambda index, device: (x[index], y[index]),
+        loss=lambda m, b: (nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum"), 16, 16),
+        validate=lambda m: {"metric": toy_accuracy(m, data["valid"])},
+        config={"recipe": "toy", **config_to_dict(config)},
+    )
+    return fit(task, config.train, run_dir, resume=resume)
+
+
+def toy_load(run_dir: Path) -> tuple[nn.Module, ToyConfig]:
+    state = load_model_state(run_dir)  # weights_only=True
+    config = config_from_dict(ToyConfig, state["config"])
+    model = toy_model(config)
+    model.load_state_dict(state["model"])
+    return model, config
+
+
+def toy_score(config: ToyConfig, run_dir: Path) -> dict[str, Any]:
+    model, _ = toy_load(run_dir)
+    data = toy_data(config)
+    x, y = data["test"]
+    predicted = model(x).argmax(-1).tolist()
+    records = [{"gold": g, "predicted": p} for g, p in zip(y.tolist(), predicted, strict=True)]
+    runs.write_jsonl(run_dir / "test_predictions.jsonl", records)  # one line per example
+    return {
+        "valid": {"accuracy": toy_accuracy(model, data["valid"])},
+        "test": {"accuracy": toy_accuracy(model, data["test"])},
+    }
+
+
+def toy_evaluate(run_dir: Path, options: Any, device: str, predictions: Path | None) -> str:
+    model, config = toy_load(run_dir)
+    scores = toy_score(config, run_dir)
+    if predictions is not None:
+        lines = (run_dir / "test_predictions.jsonl").read_text().splitlines()
+        runs.write_jsonl(predictions, [json.loads(line) for line in lines])
+    return f"test accuracy {scores['test']['accuracy']:.1f}%"
+
+
+def toy_viz(checkpoint: Path, options: Any, out: Path | None) -> list[Path]:
+    from structattn import viz
+
+    model, config = toy_load(runs.resolve_run(TOY, checkpoint))
+    weight = next(model.parameters()).detach()
+    path = (out or checkpoint) / "weights.png"
+    return [viz.attention_heatmap(weight, None, ["x0", "x1", "x2"], path, title=config.model)]
+
+
+TOY_QUICK = replace_path(ToyConfig(), {"size": 32, "train.epochs": 2})
+TOY = Recipe(
+    name="toy",
+    summary="which input is largest (the example recipe of tests/test_recipes.py)",
+    config=ToyConfig,
+    variant="model",
+    variants=("linear", "mlp"),
+    presets={
+        "paper": Preset(ToyConfig(), "the full toy"),
+        "cpu": Preset(ToyConfig(), "the same on a CPU"),
+        "quick": Preset(TOY_QUICK, "32 examples, 2 epochs"),
+    },
+    train=toy_train,
+    score=toy_score,
+    evaluate=toy_evaluate,
+    viz=toy_viz,
+    paper={"linear": {"accuracy": 99.0}, "mlp": {"accuracy": 99.5}},
+    multi_run=True,
+)
+RECIPE = TOY  # what a worker process looks up when it imports this module
+
+
+@pytest.fixture
+def toy() -> Any:
+    recipes.register(TOY)
+    yield TOY
+    recipes.unregister("toy")
+
+
+@pytest.fixture(autouse=True)
+def _python_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PyTorch code: no C++ build inside these tests."""
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "0")
+
+
+def _cli(*args: str) -> int:
+    return main(["--threads", "1", *args])
+
+
+def _smoke(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    """train -> refused re-train -> eval -> resume -> viz on the quick preset."""
+    recipe = recipes.get(name)
+    out = tmp_path / "run"
+    assert _cli("train", name, "--preset", "quick", "--out", str(out), *extra) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["out"] == str(out) and summary["runs"] >= 1
+    done = sorted(out.glob("**/done.json"))
+    assert done and all(runs.run_state(p.parent) == "done" for p in done)
+    before = {p: p.read_text() for p in out.glob("**/*.json*")}
+
+    # an existing run is never overwritten silently
+    assert _cli("train", name, "--preset", "quick", "--out", str(out), *extra) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert {p: p.read_text() for p in out.glob("**/*.json*")} == before
+
+    predictions = tmp_path / "predictions.jsonl"
+    assert _cli("eval", name, "--checkpoint", str(out), "--predictions", str(predictions)) == 0
+    assert f"predictions written to {predictions}" in capsys.readouterr().out
+    lines = predictions.read_text().splitlines()
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+
+    # --resume keeps the finished runs as they are
+    assert _cli("train", name, "--preset", "quick", "--out", str(out), "--resume", *extra) == 0
+    assert json.loads(capsys.readouterr().out)["best_run"] == summary["best_run"]
+    assert {p: p.read_text() for p in out.glob("**/done.json")} == {
+        p: t for p, t in before.items() if p.name == "done.json"
+    }
+
+    if recipe.viz is not None and HAS_MATPLOTLIB:
+        assert _cli("viz", name, "--checkpoint", str(out), "--out", str(tmp_path / "viz")) == 0
+        files = [Path(line) for line in capsys.readouterr().out.split()]
+        assert files and all(f.stat().st_size > 1000 for f in files)
+
+
+def _extra_args(name: str) -> list[str]:
+    if name == "babi":
+        if not BABI.is_dir():
+            pytest.skip(f"bAbI data not found at {BABI}")
+        return ["--data-dir", str(BABI.resolve())]
+    return []
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_every_recipe_train_eval_resume_viz(name: str, tmp_path: Path, capsys) -> None:
+    _smoke(name, tmp_path, capsys, _extra_args(name))
+
+
+def test_example_recipe_through_the_cli(toy: Recipe, tmp_path: Path, capsys) -> None:
+    assert "toy" in recipes.names()
+    assert _cli("list") == 0
+    listed = capsys.readouterr().out
+    assert "toy: which input is largest" in listed and "linear, mlp" in listed
+    assert "tree-transduction" in listed and "babi" in listed and "quick" in listed
+    _smoke("toy", tmp_path / "smoke", capsys, [])
+    # reproduce: the grid variants x settings, our table beside the paper's
+    out = tmp_path / "repro"
+    assert _cli("reproduce", "toy", "--preset", "quick", "--out", str(out), "--runs", "1") == 0
+    printed = capsys.readouterr().out
+    assert "accuracy (paper)" in printed and "99.5" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [c["cell"]["model"] for c in results["cells"]] == ["linear", "mlp"]
+    assert results["paper"] == {"linear": {"accuracy": 99.0}, "mlp": {"accuracy": 99.5}}
+    assert (out / "table.md").read_text().startswith("|   Cell | accuracy (ours)")
+    assert (out / "mlp" / "summary.json").exists() and (out / "mlp" / "run_00").is_dir()
+    # again: nothing to train with --resume, refused without
+    assert _cli("reproduce", "toy", "--preset", "quick", "--out", str(out), "--runs", "1") == 2
+    assert _cli("reproduce", "toy", "--preset", "quick", "--out", str(out), "--resume") == 0
+    assert len(list((out / "mlp").glob("run_*/done.json"))) == 2  # the second seed was added
+    assert _cli("reproduce", "toy", "--out", str(out), "--variants", "linear,rnn") == 2
+
+
+def test_run_directory_rules(toy: Recipe, tmp_path: Path, capsys) -> None:
+    config = replace_path(TOY_QUICK, {"runs": 1})
+    out = tmp_path / "cell"
+    assert runs.run_state(out / "run_00") == "new"
+    runs.train_cell(toy, config, out)
+    assert runs.run_state(out / "run_00") == "done"
+    with pytest.raises(FileExistsError, match="--resume"):
+        runs.plan_runs(toy, config, out, resume=False, force=False)
+    with pytest.raises(ValueError, match="not both"):
+        runs.plan_runs(toy, config, out, resume=True, force=True)
+    assert runs.plan_runs(toy, config, out, resume=True, force=False) == []
+    # a partial run (killed after a checkpoint) resumes; a finished one is kept
+    (out / "run_00" / "done.json").unlink()
+    assert runs.run_state(out / "run_00") == "partial"
+    (job,) = runs.plan_runs(toy, config, out, resume=True, force=False)
+    assert job.resume and job.config.train.seed == 0
+    # --force deletes the old run and trains it again
+    marker = out / "run_00" / "metrics.jsonl"
+    marker.write_text("stale\n")
+    summary = runs.train_cell(toy, config, out, force=True)
+    assert summary is not None and "stale" not in marker.read_text()
+    assert json.loads((out / "summary.json").read_text())["best_run"] == "run_00"
+    # every training flag of TrainConfig is a flag, nested flat names are kept
+    assert _cli("train", "toy", "--out", str(out), "--preset", "quick", "--epochs", "1",
+                "--lr", "0.1", "--force", "--runs", "1") == 0  # fmt: skip
+    saved = json.loads((out / "run_00" / "config.json").read_text())
+    assert saved["train"]["epochs"] == 1 and saved["train"]["lr"] == 0.1 and saved["size"] == 32
+    assert _cli("train", "toy", "--out", str(out), "--size", "3") == 2
+    assert "`size` must be >= 16" in capsys.readouterr().err
+
+
+def test_runs_in_parallel_processes(toy: Recipe, tmp_path: Path) -> None:
+    """--jobs 2: two spawned workers (the example recipe is found by importing its module)."""
+    config = replace_path(TOY_QUICK, {"runs": 2})
+    summary = runs.train_cell(toy, config, tmp_path / "cell", jobs=2)
+    assert summary is not None and summary["runs"] == 2
+    assert {r["seed"] for r in summary["run_scores"]} == {0, 1}
+    best = max(summary["run_scores"], key=lambda r: r["valid"]["accuracy"])
+    assert summary["valid"]["accuracy"] == best["valid"]["accuracy"]
+    assert (tmp_path / "cell" / "test_predictions.jsonl").read_text() == (
+        tmp_path / "cell" / summary["best_run"] / "test_predictions.jsonl"
+    ).read_text()
+
+
+def test_atomic_result_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = runs.write_json(tmp_path / "results.json", {"a": 1})
+    runs.write_jsonl(tmp_path / "p.jsonl", [{"x": 1}, {"x": 2}])
+    assert [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()] == [
+        {"x": 1},
+        {"x": 2},
+    ]
+
+    def crash(*args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        runs.write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "results.json"]
+
+
+@dataclass(frozen=True)
+class Inner:
+    seed: int = 0  # clashes with the outer seed: --inner-seed
+    sizes: tuple[int, ...] = (1, 2)  # comma-separated
+    pair: tuple[float, float] = (0.9, 0.99)  # exactly two
+    limit: float | None = None  # "none" gives None
+
+
+@dataclass(frozen=True)
+class Outer:
+    kind: Literal["a", "b"] = "a"
+    seed: int = 1
+    flag: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_config_flags_and_dicts() -> None:
+    import argparse
+
+    from structattn.recipes._config import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, Outer)
+    args = parser.parse_args(
+        ["--kind", "b", "--inner-seed", "5", "--sizes", "3,4,5", "--limit", "0.5", "--flag", "yes"]
+    )
+    config = config_from_args(Outer, args)
+    assert config == Outer("b", 1, True, Inner(5, (3, 4, 5), (0.9, 0.99), 0.5))
+    args = parser.parse_args(["--limit", "none", "--pair", "0.1,0.2"])
+    assert config_from_args(Outer, args, base=config).inner.limit is None
+    for bad in (["--kind", "c"], ["--pair", "1,2,3"], ["--flag", "maybe"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    assert config_from_dict(Outer, json.loads(json.dumps(config_to_dict(config)))) == config
+    # configs saved before TrainConfig was nested (flat epochs, lr, seed) still load
+    from structattn.recipes.tree_transduction import TreeTransductionConfig
+
+    old = {"attention": "simple", "epochs": 5, "lr": 0.5, "seed": 3, "dim": 8}
+    loaded = config_from_dict(TreeTransductionConfig, old)
+    assert (loaded.attention, loaded.dim, loaded.train.epochs, loaded.train.seed) == (
+        "simple",
+        8,
+        5,
+        3,
+    )
+    assert loaded.train.decay_start == 9  # the rest: the paper's
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--quick"],
+        ["viz", "tree-transduction", "--checkpoint", "nowhere"],
+        ["viz", "babi", "--checkpoint", "nowhere"],
+    ],
+)
+def test_missing_plot_package_stops_first(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Without matplotlib, commands that plot stop at once with one line naming the extra."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.chdir(tmp_path)
+    assert _cli(*argv, "--out", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and 'pip install "structattn[recipes]"' in err[0] and "matplotlib" in err[0]
+    )
+    assert not (tmp_path / "out").exists()
