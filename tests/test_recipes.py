@@ -355,3 +355,34 @@ def test_missing_plot_package_stops_first(
         len(err) == 1 and 'pip install "structattn[recipes]"' in err[0] and "matplotlib" in err[0]
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_demo_without_matplotlib_fails_at_once(tmp_path: Path) -> None:
+    """A fresh interpreter where matplotlib cannot be imported (as after a bare
+    ``pip install structattn``): ``structattn demo`` stops before generating any data."""
+    import subprocess
+    import time
+
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from structattn.cli import main\n"
+        f"sys.exit(main(['demo', '--out', {str(tmp_path / 'demo')!r}]))\n"
+    )
+    started = time.time()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "structattn: error: `structattn demo` needs matplotlib, which is not installed: "
+        'pip install "structattn[recipes]"'
+    )
+    assert time.time() - started < 60 and not (tmp_path / "demo").exists()
+
+
+def test_train_without_tqdm_runs_with_a_notice(
+    toy: Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    args = ["train", "toy", "--preset", "quick", "--runs", "1", "--progress", "true"]
+    assert _cli(*args, "--out", str(tmp_path / "toy")) == 0
+    err = capsys.readouterr().err
+    assert 'no progress bars without tqdm (pip install "structattn[recipes]")' in err

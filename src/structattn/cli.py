@@ -233,6 +233,7 @@ def _cmd_train(recipe: Any, args: argparse.Namespace) -> None:
     from .recipes import runs
 
     config = _preset_config(recipe, args)
+    _notices(config)
     out = args.out or os.path.join("runs", recipe.name, recipe.cell(config))
     summary = runs.train_cell(recipe, config, out, args.resume, args.force, _jobs(recipe, args))
     if summary is not None:  # rank 0 under torchrun
@@ -257,6 +258,7 @@ def _cmd_reproduce(recipe: Any, args: argparse.Namespace) -> None:
     from .recipes import runs
 
     config = _preset_config(recipe, args)
+    _notices(config)
     grid = {a.field: _grid_values(recipe, config, a, getattr(args, a.flag)) for a in recipe.grid}
     out = args.out or os.path.join("runs", recipe.name)
     runs.reproduce(recipe, config, out, grid, args.resume, args.force, _jobs(recipe, args))
@@ -296,19 +298,29 @@ def _cmd_list() -> None:
             print(f"    {preset:<8} {info.description}")
 
 
-def _missing(command: str, recipe: Any) -> str | None:
-    """The one-line error when ``command`` needs a package that is not installed."""
+def _installed(module: str) -> bool:
     import importlib.util
 
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # sys.modules[module] is None: blocked
+        return False
+
+
+def _notices(config: Any) -> None:
+    """One line per optional package whose absence only changes what the user sees (progress
+    bars; the C++ kernels warn on their own): the command runs."""
+    if config.train.progress and not _installed("tqdm"):
+        print(f"structattn: no progress bars without tqdm ({EXTRA})", file=sys.stderr)
+
+
+def _missing(command: str, recipe: Any) -> str | None:
+    """The one-line error when ``command`` needs a package that is not installed."""
     needs: tuple[str, ...] = ("matplotlib",) if command == "demo" else ()
     if recipe is not None:
         needs = tuple(recipe.needs.get(command, ()))
     for module in needs:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        if not _installed(module):
             where = f"{command} {recipe.name}" if recipe is not None else command
             return f"`structattn {where}` needs {module}, which is not installed: {EXTRA}"
     return None
