@@ -1,14 +1,39 @@
 """Models assembled from the attention layers (one per paper experiment family)."""
 
+from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
-from .seq2seq import ENCODERS, BeamResult, StructuredSeq2Seq
+from .seq2seq import (
+    ATTENTIONS,
+    ENCODERS,
+    SELF_ATTENTION,
+    DecoderState,
+    EncoderOutput,
+    RecurrentEncoder,
+    Seq2Seq,
+    Seq2SeqConfig,
+    StructuredSeq2Seq,
+    make_attention,
+    sequence_nll,
+)
 
 __all__ = [
+    "ATTENTIONS",
     "ENCODERS",
     "MEMORY_MODELS",
+    "SELF_ATTENTION",
     "BeamResult",
+    "DecoderState",
+    "EncoderOutput",
     "MemoryQA",
     "MemoryQAOutput",
+    "RecurrentEncoder",
+    "Seq2Seq",
+    "Seq2SeqConfig",
     "StructuredSeq2Seq",
+    "beam_search",
+    "greedy_search",
+    "make_attention",
     "position_encoding",
+    "reorder_batch_first",
+    "sequence_nll",
 ]
