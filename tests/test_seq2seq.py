@@ -323,7 +323,8 @@ def test_beam_of_one_is_greedy_decoding() -> None:
         n = int(mask[i].sum())
         tokens, score = [BOS], 0.0
         for step in range(7):
-            logits = model(source[i : i + 1, :n], mask[i : i + 1, :n], torch.tensor([tokens]))
+            with torch.no_grad():
+                logits = model(source[i : i + 1, :n], mask[i : i + 1, :n], torch.tensor([tokens]))
             logp = torch.log_softmax(logits[0, -1], -1)
             token = int(logp.argmax()) if step < 6 else EOS
             score += float(logp[token])
