@@ -247,6 +247,11 @@ def test_run_directory_rules(toy: Recipe, tmp_path: Path, capsys) -> None:
     summary = runs.train_cell(toy, config, out, force=True)
     assert summary is not None and "stale" not in marker.read_text()
     assert json.loads((out / "summary.json").read_text())["best_run"] == "run_00"
+    # --resume continues a run only with its own settings (more epochs are fine)
+    with pytest.raises(ValueError, match="size 32 -> 48"):
+        runs.plan_runs(toy, replace_path(config, {"size": 48}), out, resume=True, force=False)
+    longer = replace_path(config, {"train.epochs": 5, "runs": 2})
+    assert [j.run_dir.name for j in runs.plan_runs(toy, longer, out, True, False)] == ["run_01"]
     # every training flag of TrainConfig is a flag, nested flat names are kept
     assert _cli("train", "toy", "--out", str(out), "--preset", "quick", "--epochs", "1",
                 "--lr", "0.1", "--force", "--runs", "1") == 0  # fmt: skip

@@ -673,4 +673,5 @@ RECIPE = Recipe(
     viz_options=VizOptions,
     multi_run=True,
     plots=_plots,
+    resumable=frozenset({"fact_runs"}),
 )

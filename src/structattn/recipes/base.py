@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "RESUMABLE",
     "GridAxis",
     "NoOptions",
     "Preset",
@@ -54,6 +55,13 @@ class GridAxis:
     flag: str  # reproduce's flag, e.g. "variants" (--variants none,simple)
     field: str  # the config field it sets, e.g. "attention"
     values: tuple[Any, ...]  # default values (the paper's table)
+
+
+#: config fields (paths) a ``--resume`` may change: training length, logging, the device
+RESUMABLE = frozenset(
+    {"train.epochs", "train.progress", "train.log_every", "train.epoch_lines", "train.name",
+     "train.checkpoint_every", "train.device"}
+)  # fmt: skip
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -145,6 +153,8 @@ class Recipe:
     needs: Mapping[str, tuple[str, ...]] = field(  # command -> modules it cannot run without
         default_factory=lambda: {"viz": ("matplotlib",)}
     )
+    resumable: frozenset[str] = frozenset()  # config fields `--resume` may change besides
+    # RESUMABLE's (e.g. how many runs, how the test set is scored)
 
     def __post_init__(self) -> None:
         missing = {"paper", "cpu", "quick"} - set(self.presets)

@@ -35,7 +35,7 @@ import torch
 
 from ..data._files import atomic_write_text
 from ._config import config_from_dict, config_to_dict, replace_path
-from .base import Recipe, markdown_table
+from .base import RESUMABLE, Recipe, markdown_table
 
 __all__ = [
     "RunJob",
@@ -140,11 +140,39 @@ def plan_runs(
                 f"{run_dir} already holds a {state} run; pass --resume to continue it (finished "
                 "runs are kept), --force to delete and retrain it, or choose another --out"
             )
+        if state != "new" and resume:
+            _check_same_config(recipe, run_config, run_dir)
         if state == "done" and not force:
             continue
         can_resume = (run_dir / "checkpoint.pt").exists() and not force
         jobs.append(RunJob(recipe.name, run_config, run_dir, resume and can_resume))
     return jobs
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {
+            k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()
+        }
+    return {prefix[:-1]: value}
+
+
+def _check_same_config(recipe: Recipe, config: Any, run_dir: Path) -> None:
+    """``--resume`` continues a run only with the config it was started with (up to the
+    fields in ``RESUMABLE``, ``recipe.resumable`` and the number of runs)."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        return
+    saved = _flat(config_to_dict(config_from_dict(recipe.config, json.loads(path.read_text()))))
+    given = _flat(config_to_dict(config))
+    allowed = RESUMABLE | recipe.resumable | ({"runs"} if recipe.multi_run else set())
+    changed = sorted(k for k in given if k not in allowed and saved.get(k) != given[k])
+    if changed:
+        shown = ", ".join(f"{k} {saved.get(k)!r} -> {given[k]!r}" for k in changed)
+        raise ValueError(
+            f"{run_dir} was trained with another config ({shown}); --resume needs the same "
+            "settings: pass them (or --force to retrain, or another --out)"
+        )
 
 
 def run_one(recipe: Recipe, job: RunJob) -> dict[str, Any] | None:

@@ -568,4 +568,5 @@ RECIPE = Recipe(
     data=_data,
     data_options=DataOptions,
     plots=_plots,
+    resumable=frozenset({"beam_size", "test_size"}),
 )
