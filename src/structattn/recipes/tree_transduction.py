@@ -95,6 +95,18 @@ class TreeTransductionConfig:
         if not isinstance(self.train, TrainConfig):
             raise ValueError(f"`train` must be a TrainConfig, got {type(self.train).__name__}")
 
+    # read-only aliases of config.train.lr / .max_grad_norm for code written before the
+    # optimisation settings moved into `train` (benchmarks/end_to_end.py)
+    @property
+    def lr(self) -> float:
+        """``train.lr``."""
+        return self.train.lr
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        """``train.max_grad_norm``."""
+        return self.train.max_grad_norm
+
 
 class Batch(NamedTuple):
     source: Tensor  # [B, N] ids, position 0 = '$'
