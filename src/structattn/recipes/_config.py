@@ -131,14 +131,15 @@ def add_config_arguments(
     title: str | None = None,
 ) -> None:
     """Add a flag for every leaf field of the dataclass ``cls`` except the paths in ``skip``
-    (unset flags keep the preset's or the default value); ``defaults`` (an instance) is
+    (``"attention"``, ``"train.seed"``; unset flags keep the preset's or the default
+    value); ``defaults`` (an instance) is
     shown in the help. A field with ``metadata={"required": True}`` is a required flag, one
     with ``metadata={"help": "..."}`` shows that text."""
     shown = defaults if defaults is not None else cls()
     group = parser.add_argument_group(title or f"{cls.__name__} fields (defaults: the paper's)")
     names = _flag_names(cls)
     for path, kind, field in config_fields(cls):
-        if path in skip or path.split(".")[-1] in skip:
+        if path in skip:
             continue
         base, optional = _optional(kind)
         convert, metavar, choices = _converter(base, f"{cls.__name__}.{path}")
