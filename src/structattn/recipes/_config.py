@@ -164,7 +164,9 @@ def add_config_arguments(
             default=argparse.SUPPRESS,
             choices=choices if not optional else None,
             metavar=metavar,
-            help=comment if required else f"{comment + '; ' if comment else ''}default: {value!r}",
+            help=comment
+            if required or "default" in comment
+            else f"{comment}{'; ' if comment else ''}default: {value!r}",
         )
 
 
