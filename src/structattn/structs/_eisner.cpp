@@ -4,11 +4,14 @@
 //   * the ~90 small tensor operations per span width pay no Python overhead, and
 //   * the batch is split into one chunk per thread, each chunk running all span widths on
 //     its own (the per-width tensors are too small for ATen's intra-op threads).
+// Small problems (every batch whose split weights fit in 32 MB, N <= 80) instead run the
+// whole dynamic program in fused loops on eight trees at once (the "fused path" below).
 // Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -357,6 +360,381 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
   return arc_grads(d_grad);
 }
 
+
+// ---- fused path for small trees ---------------------------------------------------------
+// Below kFusedSize positions the per-width ATen operations above cost more than their
+// arithmetic (about 25 per width and pass; and ATen's exp takes a slow path on -inf and
+// underflowing inputs, which Eisner's terms are full of). There the whole dynamic program
+// runs in loops instead, on kTrees trees at once, one in each lane of a SIMD vector (GCC /
+// clang vector extensions; with GCC >= 12 on x86-64 Linux compiled for AVX-512, AVX2 and
+// baseline x86-64), in double precision, with its own exp. Charts [N, N] per kind, s <= t:
+//   CR(s, t) right complete (head s), CL(s, t) left complete (head t),
+//   IR(s, t) = inner(s, t) + arc[s][t], IL(s, t) = inner(s, t) + arc[t][s],
+//   inner(s, t) = log Σ_{j<w} exp(CR(s, s+j) + CL(s+j+1, t))
+//   CR(s, t)    = log Σ_{j<w} exp(IR(s, s+1+j) + CR(s+1+j, t))    (j = w-1: IR(s, t))
+//   CL(s, t)    = log Σ_{j<w} exp(CL(s, s+j) + IL(s+j, t))        (j = 0: IL(s, t))
+// (the same sums as the chart layout above, I(s, w) being the last / first term of the
+// complete spans). The softmax weights of every sum's w terms are kept (packed by width and
+// start) for the outside pass and the Hessian-vector product; single-root items close
+// ROOT's right span only at their end (CR(0, t) = -inf, weights 0, for t != last).
+#if defined(__GNUC__)
+#define STRUCTATTN_FUSED_EISNER 1
+#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__) && __GNUC__ >= 12
+#define STRUCTATTN_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define STRUCTATTN_CLONES
+#endif
+#endif
+
+#ifdef STRUCTATTN_FUSED_EISNER
+// A batch takes the fused path when its split weights (double) total at most kFusedTerms
+// (32 MB: the kept float32 weights of the ATen path, _CACHE_ELEMENTS in dependency.py, twice)
+// and its trees have at most kFusedSize positions (ROOT included). Measured at 1 thread,
+// inside + outside + HVP, B = 32: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15
+// (N = 40), 13 vs 46 (N = 56), 30 vs 80 ms (N = 64, whose weights exceed the bound).
+constexpr int64_t kFusedSize = 80;
+constexpr int64_t kFusedTerms = int64_t{1} << 22;
+constexpr int64_t kTrees = 8;
+// kTrees doubles or integers, one per tree; aligned(8): no 64-byte alignment assumed
+typedef double Vec __attribute__((vector_size(kTrees * sizeof(double)), aligned(8)));
+typedef int64_t IVec __attribute__((vector_size(kTrees * sizeof(int64_t)), aligned(8)));
+
+inline Vec splat(double x) { return Vec{} + x; }
+
+// exp(x) for x <= 0 (-inf and x < -708, where the result would be below 1e-307, give 0): a
+// Cody-Waite reduction x = n log 2 + r, |r| <= log(2) / 2, and the Taylor polynomial of
+// degree 13 (relative error below 1e-16 + rounding).
+__attribute__((always_inline)) inline Vec exp_lanes(const Vec& x) {
+  const Vec floor = splat(-708.0);
+  const Vec xc = x < floor ? floor : x;
+  const Vec magic = splat(0x1.8p52);  // adding it rounds to an integer
+  const Vec n = (xc * 1.4426950408889634 + magic) - magic;
+  const Vec r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  Vec p = splat(1.0 / 6227020800.0);  // 1/13!
+  const double coef[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                         1.0 / 362880.0,    1.0 / 40320.0,    1.0 / 5040.0,
+                         1.0 / 720.0,       1.0 / 120.0,      1.0 / 24.0,
+                         1.0 / 6.0,         0.5,              1.0,
+                         1.0};
+  for (double c : coef) p = p * r + c;
+  const IVec bits = (__builtin_convertvector(n, IVec) + 1023) << 52;  // 2^n
+  const Vec out = p * reinterpret_cast<const Vec&>(bits);
+  return x < floor ? splat(0.0) : out;
+}
+
+// Memory of the fused path, recycled: on this VM a fresh multi-megabyte allocation pays its
+// page faults at every call (glibc gives the freed memory back to the system), about half
+// of the inside pass at N = 21. At most kPoolBytes are kept; the pool is never destroyed
+// (buffers owned by Python objects may be released after static destructors ran).
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* pool = new Pool;
+    return *pool;
+  }
+  Vec* take(int64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if (it->first == n) {
+          Vec* p = it->second;
+          held_ -= n;
+          free_.erase(it);
+          return p;
+        }
+    }
+    return new Vec[n];
+  }
+  void give(Vec* p, int64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if ((held_ + n) * static_cast<int64_t>(sizeof(Vec)) <= kPoolBytes) {
+        free_.emplace_back(n, p);
+        held_ += n;
+        return;
+      }
+    }
+    delete[] p;
+  }
+
+ private:
+  static constexpr int64_t kPoolBytes = int64_t{64} << 20;
+  std::mutex mutex_;
+  std::vector<std::pair<int64_t, Vec*>> free_;
+  int64_t held_ = 0;
+};
+
+// n vectors from the pool (uninitialised), given back on destruction
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(int64_t n) : data_(Pool::get().take(std::max<int64_t>(n, 1))), size_(std::max<int64_t>(n, 1)) {}
+  Buffer(Buffer&& other) noexcept : data_(other.data_), size_(other.size_) {
+    other.data_ = nullptr;
+  }
+  Buffer& operator=(Buffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (data_ != nullptr) Pool::get().give(data_, size_);
+  }
+  Vec* get() const { return data_; }
+  Vec& operator[](int64_t i) const { return data_[i]; }
+  Buffer& zero() {
+    std::fill(data_, data_ + size_, splat(0.0));
+    return *this;
+  }
+
+ private:
+  Vec* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Offsets of the packed weights: the w terms of the span (s, s + w) start at base[w] + s w.
+std::vector<int64_t> term_bases(int64_t size) {
+  std::vector<int64_t> base(size + 1, 0);
+  for (int64_t w = 1; w < size; ++w) base[w + 1] = base[w] + w * (size - w);
+  return base;
+}
+
+// Up to kTrees items of a chunk.
+struct Group {
+  int64_t start = 0, count = 0;  // batch items start .. start + count (lanes beyond: padding)
+  Vec last{};                    // index of each item's last position (padding lanes: N - 1)
+  Buffer chart;    // CR, CL, IR, IL [4, N, N] (IR, IL: s < t only)
+  Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T]
+};
+
+enum Kind : int64_t { kCR = 0, kCL = 1, kIR = 2, kIL = 3, kInner = 4 };
+
+// log(x) for x = 0 (-inf) or x >= 1 (a sum of exps whose largest is 1): x = 2^k m with
+// m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172, by its
+// series to f^23 (relative error below 1e-17 + rounding).
+__attribute__((always_inline)) inline Vec log_lanes(const Vec& x) {
+  const IVec bits = reinterpret_cast<const IVec&>(x);
+  IVec k = (bits >> 52) - 1023;
+  const IVec mantissa = (bits & ((int64_t{1} << 52) - 1)) | (int64_t{1023} << 52);
+  Vec m = reinterpret_cast<const Vec&>(mantissa);  // [1, 2)
+  const IVec high = m > splat(1.4142135623730951);
+  m = high ? m * 0.5 : m;
+  k = high ? k + 1 : k;
+  const Vec f = (m - 1.0) / (m + 1.0), f2 = f * f;
+  Vec series = splat(1.0 / 23.0);
+  for (int i = 21; i >= 1; i -= 2) series = series * f2 + 1.0 / i;
+  const Vec out = __builtin_convertvector(k, Vec) * 0.6931471805599453 + 2.0 * f * series;
+  return x > splat(0.0) ? out : splat(kNegInf);
+}
+
+// log Σ exp(x[j]) over w terms per lane, x (with max m) replaced by the softmax weights.
+__attribute__((always_inline)) inline Vec log_sum_exp(Vec* x, int64_t w, const Vec& m) {
+  const Vec ninf = splat(kNegInf);
+  const Vec zero = splat(0.0);
+  const Vec shift = m == ninf ? zero : m;
+  Vec sum = zero;
+  for (int64_t j = 0; j < w; ++j) {
+    x[j] = exp_lanes(x[j] - shift);
+    sum += x[j];
+  }
+  const Vec positive = sum > zero ? sum : splat(1.0);
+  const Vec inv = sum > zero ? 1.0 / positive : zero;
+  for (int64_t j = 0; j < w; ++j) x[j] *= inv;
+  return shift + log_lanes(sum);  // -inf if every term is
+}
+
+// Inside pass of one group: chart and weights from the arcs a[h * N + m].
+STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool multiroot) {
+  const int64_t nn = size * size;
+  const std::vector<int64_t> base = term_bases(size);
+  g.chart = Buffer(4 * nn);  // every entry read is written first
+  g.weights = Buffer(3 * base[size]);
+  Vec* ch = g.chart.get();
+  Vec* cr = ch + kCR * nn;
+  Vec* cl = ch + kCL * nn;
+  Vec* ir = ch + kIR * nn;
+  Vec* il = ch + kIL * nn;
+  const int64_t terms = base[size];
+  for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
+  const Vec ninf = splat(kNegInf);
+  for (int64_t w = 1; w < size; ++w) {
+    for (int64_t s = 0; s + w < size; ++s) {
+      const int64_t t = s + w, off = base[w] + s * w;
+      Vec* p = g.weights.get() + off;  // inner
+      Vec m = ninf;
+      for (int64_t j = 0; j < w; ++j) {
+        p[j] = cr[s * size + s + j] + cl[(s + j + 1) * size + t];
+        m = p[j] > m ? p[j] : m;
+      }
+      const Vec inner = log_sum_exp(p, w, m);
+      ir[s * size + t] = inner + a[s * size + t];
+      il[s * size + t] = inner + a[t * size + s];
+      p += terms;  // CR
+      m = ninf;
+      for (int64_t j = 0; j < w; ++j) {
+        p[j] = ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t];
+        m = p[j] > m ? p[j] : m;
+      }
+      Vec right = log_sum_exp(p, w, m);
+      if (!multiroot && s == 0) {  // ROOT's right span closes only at the item's end
+        const IVec open = g.last != splat(static_cast<double>(t));
+        right = open ? ninf : right;
+        for (int64_t j = 0; j < w; ++j) p[j] = open ? splat(0.0) : p[j];
+      }
+      cr[s * size + t] = right;
+      p += terms;  // CL
+      m = ninf;
+      for (int64_t j = 0; j < w; ++j) {
+        p[j] = cl[s * size + s + j] + il[(s + j) * size + t];
+        m = p[j] > m ? p[j] : m;
+      }
+      cl[s * size + t] = log_sum_exp(p, w, m);
+    }
+  }
+}
+
+// Outside pass of one group: grad [4, N, N] (zeroed, seeded at CR(0, last)) becomes the
+// gradient of the seeded log Z with respect to every span.
+STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
+  const int64_t nn = size * size;
+  const std::vector<int64_t> base = term_bases(size);
+  const int64_t terms = base[size];
+  Vec* cr = grad + kCR * nn;
+  Vec* cl = grad + kCL * nn;
+  Vec* ir = grad + kIR * nn;
+  Vec* il = grad + kIL * nn;
+  for (int64_t w = size - 1; w > 0; --w) {
+    for (int64_t s = 0; s + w < size; ++s) {
+      const int64_t t = s + w, off = base[w] + s * w;
+      const Vec* p = g.weights.get() + off + terms;  // CR: its uses are all wider, final
+      Vec gp = cr[s * size + t];
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = p[j] * gp;
+        ir[s * size + s + 1 + j] += v;
+        cr[(s + 1 + j) * size + t] += v;
+      }
+      p += terms;  // CL
+      gp = cl[s * size + t];
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = p[j] * gp;
+        cl[s * size + s + j] += v;
+        il[(s + j) * size + t] += v;
+      }
+      p = g.weights.get() + off;  // inner: IR(s, t) and IL(s, t) are final now
+      gp = ir[s * size + t] + il[s * size + t];
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = p[j] * gp;
+        cr[s * size + s + j] += v;
+        cl[(s + j + 1) * size + t] += v;
+      }
+    }
+  }
+}
+
+// Hessian-vector product of one group: tangents of the inside pass (tan [5, N, N], zeroed),
+// then of the outside pass (d_grad [4, N, N], zeroed), with grad the unit outside charts and
+// d the direction d[h * N + m]. With p_j the weights of the terms A_j + B_j of a sum P:
+//   dot P = Σ_j p_j (dot A_j + dot B_j),  dot g(A_j) += p_j ((dot A_j + dot B_j - dot P) g(P)
+//   + dot g(P)) (the same for B_j); the arcs' entries are dot g(IR), dot g(IL).
+STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, Vec* tan,
+                                 Vec* d_grad, int64_t size) {
+  const int64_t nn = size * size;
+  const std::vector<int64_t> base = term_bases(size);
+  const int64_t terms = base[size];
+  Vec* tcr = tan + kCR * nn;
+  Vec* tcl = tan + kCL * nn;
+  Vec* tir = tan + kIR * nn;
+  Vec* til = tan + kIL * nn;
+  Vec* tin = tan + kInner * nn;
+  for (int64_t w = 1; w < size; ++w) {
+    for (int64_t s = 0; s + w < size; ++s) {
+      const int64_t t = s + w, off = base[w] + s * w;
+      const Vec* p = g.weights.get() + off;
+      Vec sum = splat(0.0);
+      for (int64_t j = 0; j < w; ++j)
+        sum += p[j] * (tcr[s * size + s + j] + tcl[(s + j + 1) * size + t]);
+      tin[s * size + t] = sum;
+      tir[s * size + t] = sum + d[s * size + t];
+      til[s * size + t] = sum + d[t * size + s];
+      p += terms;
+      sum = splat(0.0);
+      for (int64_t j = 0; j < w; ++j)
+        sum += p[j] * (tir[s * size + s + 1 + j] + tcr[(s + 1 + j) * size + t]);
+      tcr[s * size + t] = sum;
+      p += terms;
+      sum = splat(0.0);
+      for (int64_t j = 0; j < w; ++j)
+        sum += p[j] * (tcl[s * size + s + j] + til[(s + j) * size + t]);
+      tcl[s * size + t] = sum;
+    }
+  }
+  const Vec* gcr = grad + kCR * nn;
+  const Vec* gcl = grad + kCL * nn;
+  const Vec* gir = grad + kIR * nn;
+  const Vec* gil = grad + kIL * nn;
+  Vec* dcr = d_grad + kCR * nn;
+  Vec* dcl = d_grad + kCL * nn;
+  Vec* dir = d_grad + kIR * nn;
+  Vec* dil = d_grad + kIL * nn;
+  for (int64_t w = size - 1; w > 0; --w) {
+    for (int64_t s = 0; s + w < size; ++s) {
+      const int64_t t = s + w, off = base[w] + s * w, st = s * size + t;
+      const Vec* p = g.weights.get() + off + terms;  // CR
+      Vec gp = gcr[st], dgp = dcr[st], dp = tcr[st];
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t x = s * size + s + 1 + j, y = (s + 1 + j) * size + t;
+        const Vec v = p[j] * ((tir[x] + tcr[y] - dp) * gp + dgp);
+        dir[x] += v;
+        dcr[y] += v;
+      }
+      p += terms;  // CL
+      gp = gcl[st], dgp = dcl[st], dp = tcl[st];
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t x = s * size + s + j, y = (s + j) * size + t;
+        const Vec v = p[j] * ((tcl[x] + til[y] - dp) * gp + dgp);
+        dcl[x] += v;
+        dil[y] += v;
+      }
+      p = g.weights.get() + off;  // inner
+      gp = gir[st] + gil[st], dgp = dir[st] + dil[st], dp = tin[st];
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t x = s * size + s + j, y = (s + j + 1) * size + t;
+        const Vec v = p[j] * ((tcr[x] + tcl[y] - dp) * gp + dgp);
+        dcr[x] += v;
+        dcl[y] += v;
+      }
+    }
+  }
+}
+
+// count [N, N] matrices (contiguous, double) into lanes
+std::vector<Vec> to_lanes(const double* src, int64_t count, int64_t nn) {
+  std::vector<Vec> out(nn, splat(0.0));
+  for (int64_t l = 0; l < count; ++l)
+    for (int64_t k = 0; k < nn; ++k) out[k][l] = src[l * nn + k];
+  return out;
+}
+
+// The arcs' entries of charts (IR(s, t) -> [s][t], IL(s, t) -> [t][s]) into count [N, N]
+// matrices at dst (contiguous, double, zeroed), times seed[l] if given.
+void from_lanes(const Vec* charts, int64_t size, int64_t count, const double* seed,
+                double* dst) {
+  const int64_t nn = size * size;
+  const Vec* ir = charts + kIR * nn;
+  const Vec* il = charts + kIL * nn;
+  for (int64_t l = 0; l < count; ++l) {
+    const double scale = seed ? seed[l] : 1.0;
+    for (int64_t s = 0; s < size; ++s)
+      for (int64_t t = s + 1; t < size; ++t) {
+        dst[l * nn + s * size + t] = ir[s * size + t][l] * scale;
+        dst[l * nn + t * size + s] = il[s * size + t][l] * scale;
+      }
+  }
+}
+#endif  // STRUCTATTN_FUSED_EISNER
 }  // namespace
 
 // The state of one batch after the inside pass (read-only afterwards: any number of outside
@@ -364,11 +742,19 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
 struct EisnerState {
   std::vector<Chunk> chunks;
   std::vector<int64_t> starts;  // chunk i is the batch items starts[i] .. starts[i + 1]
+#ifdef STRUCTATTN_FUSED_EISNER
+  std::vector<std::vector<Group>> fused;  // per chunk (fused path; chunks is then empty)
+  Tensor logz;                            // [B] (fused path)
+  int64_t size = 0;
+#endif
 };
 
 // One outside pass's charts, kept for the HVP (owned by the marginals' autograd node).
 struct EisnerOutside {
   std::vector<Outside> chunks;
+#ifdef STRUCTATTN_FUSED_EISNER
+  std::vector<std::vector<Buffer>> fused;  // per chunk and group: unit outside charts
+#endif
 };
 
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
@@ -378,9 +764,37 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   auto state = std::make_shared<EisnerState>();
   state->starts = chunk_starts(arc_scores.size(0));
   const int64_t count = static_cast<int64_t>(state->starts.size()) - 1;
+  const Tensor arcs = arc_scores.contiguous();
+#ifdef STRUCTATTN_FUSED_EISNER
+  const int64_t size = arcs.size(1);
+  if (size <= kFusedSize && arcs.size(0) * 3 * term_bases(size)[size] <= kFusedTerms) {
+    state->size = size;
+    state->fused.resize(count);
+    const Tensor ends = last.to(at::kLong).contiguous();
+    const int64_t* lp = ends.data_ptr<int64_t>();
+    Tensor logz = at::empty({arcs.size(0)}, arcs.options().dtype(at::kDouble));
+    double* zp = logz.data_ptr<double>();
+    const Tensor arcs_d = arcs.to(at::kDouble).contiguous();
+    const double* ap = arcs_d.data_ptr<double>();
+    for_chunks(state->starts, [&](int64_t i, int64_t start, int64_t length) {
+      for (int64_t first = start; first < start + length; first += kTrees) {
+        Group g;
+        g.start = first;
+        g.count = std::min(kTrees, start + length - first);
+        g.last = splat(static_cast<double>(size - 1));
+        for (int64_t l = 0; l < g.count; ++l) g.last[l] = static_cast<double>(lp[first + l]);
+        const std::vector<Vec> a = to_lanes(ap + first * size * size, g.count, size * size);
+        fused_inside(g, a.data(), size, multiroot);
+        for (int64_t l = 0; l < g.count; ++l) zp[first + l] = g.chart[lp[first + l]][l];  // CR(0, last)
+        state->fused[i].push_back(std::move(g));
+      }
+    });
+    state->logz = logz.to(arcs.scalar_type());
+    return state;
+  }
+#endif
   state->chunks.resize(count);
   for (Chunk& c : state->chunks) c.multiroot = multiroot;
-  const Tensor arcs = arc_scores.contiguous();
   for_chunks(state->starts, [&](int64_t i, int64_t start, int64_t length) {
     Chunk& c = state->chunks[i];
     c.last = last.narrow(0, start, length);
@@ -390,6 +804,9 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
 }
 
 Tensor eisner_log_partition(const EisnerState& state) {
+#ifdef STRUCTATTN_FUSED_EISNER
+  if (!state.fused.empty()) return state.logz;
+#endif
   std::vector<Tensor> parts;
   for (const Chunk& c : state.chunks)
     parts.push_back(c.chart.select(1, 1).select(2, 0).gather(1, c.last.unsqueeze(-1)).squeeze(-1));
@@ -399,12 +816,31 @@ Tensor eisner_log_partition(const EisnerState& state) {
 // seed[b] * marginals [B, N, N], and (if keep) the outside charts for eisner_hvp
 std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState& state,
                                                                const Tensor& seed, bool keep) {
-  const int64_t count = static_cast<int64_t>(state.chunks.size());
+  const int64_t count = static_cast<int64_t>(state.starts.size()) - 1;
   std::shared_ptr<EisnerOutside> kept;
-  if (keep) {
-    kept = std::make_shared<EisnerOutside>();
-    kept->chunks.resize(count);
+  if (keep) kept = std::make_shared<EisnerOutside>();
+#ifdef STRUCTATTN_FUSED_EISNER
+  if (!state.fused.empty()) {
+    const int64_t size = state.size, nn = size * size;
+    if (keep) kept->fused.resize(count);
+    const Tensor seeds = seed.to(at::kDouble).contiguous();
+    const double* sp = seeds.data_ptr<double>();
+    Tensor out = at::zeros({seed.size(0), size, size}, seed.options().dtype(at::kDouble));
+    double* op = out.data_ptr<double>();
+    for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+      for (const Group& g : state.fused[i]) {
+        Buffer grad = std::move(Buffer(4 * nn).zero());
+        for (int64_t l = 0; l < g.count; ++l)  // d log Z / d CR(0, last) = 1
+          grad[kCR * nn + static_cast<int64_t>(g.last[l])][l] = 1.0;
+        fused_outside(g, grad.get(), size);
+        from_lanes(grad.get(), size, g.count, sp + g.start, op + g.start * nn);
+        if (keep) kept->fused[i].push_back(std::move(grad));
+      }
+    });
+    return {out.to(seed.scalar_type()), kept};
   }
+#endif
+  if (keep) kept->chunks.resize(count);
   Tensor out = chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
     return outside(state.chunks[i], seed.narrow(0, start, length),
                    keep ? &kept->chunks[i] : nullptr);
@@ -423,10 +859,33 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> eisner_marginals(const EisnerS
 
 Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
                   const Tensor& direction) {
+  const Tensor dirs = direction.contiguous();
+#ifdef STRUCTATTN_FUSED_EISNER
+  if (!state.fused.empty()) {
+    TORCH_CHECK(outside_charts.fused.size() == state.fused.size(),
+                "eisner_hvp: the outside charts come from another batch");
+    const int64_t size = state.size, nn = size * size;
+    Tensor out = at::zeros({dirs.size(0), size, size}, dirs.options().dtype(at::kDouble));
+    double* op = out.data_ptr<double>();
+    const Tensor dirs_d = dirs.to(at::kDouble).contiguous();
+    const double* dp = dirs_d.data_ptr<double>();
+    for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+      const std::vector<Group>& groups = state.fused[i];
+      Buffer tan = std::move(Buffer(5 * nn).zero()), d_grad(4 * nn);  // tan: its diagonal stays 0
+      for (size_t k = 0; k < groups.size(); ++k) {
+        const Group& g = groups[k];
+        const std::vector<Vec> d = to_lanes(dp + g.start * nn, g.count, nn);
+        d_grad.zero();
+        fused_hvp(g, outside_charts.fused[i][k].get(), d.data(), tan.get(), d_grad.get(), size);
+        from_lanes(d_grad.get(), size, g.count, nullptr, op + g.start * nn);
+      }
+    });
+    return out.to(dirs.scalar_type());
+  }
+#endif
   const int64_t count = static_cast<int64_t>(state.chunks.size());
   TORCH_CHECK(static_cast<int64_t>(outside_charts.chunks.size()) == count,
               "eisner_hvp: the outside charts come from another batch");
-  const Tensor dirs = direction.contiguous();
   return chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
     return hvp(state.chunks[i], outside_charts.chunks[i], dirs.narrow(0, start, length));
   });

@@ -209,7 +209,7 @@ def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
     spread_f, lowest_f = torch.stack([spread, lowest]).tolist()  # +inf if any -inf transition
     empty = lowest_f == float("-inf")
     budget = -math.log(torch.finfo(pairwise.dtype).tiny)  # 87 in float32, 708 in float64
-    if spread_f > 0.3 * budget - math.log(c):
+    if not spread_f <= 0.3 * budget - math.log(c):  # NaN (every transition -inf): log space
         return 0, empty
     rate = spread_f + math.log(c)
     if rate <= 0.0:
