@@ -381,12 +381,6 @@ def test_syntactic_attention_at_length_one(structure: str) -> None:
     assert layer.parse(x, LENGTH_ONE)[0].tolist() == [-1, 0, -1, -1]
 
 
-@pytest.mark.xfail(
-    raises=ValueError,
-    strict=False,
-    reason="structs/linear_chain.py _scaled_steps: the spread of all -inf transitions is NaN "
-    "(-inf - -inf) and int(NaN) raises; remove this marker once it returns 0 for a NaN spread",
-)
 def test_memory_crf_with_one_fact() -> None:
     query, keys, values = torch.randn(2, D), torch.randn(2, 1, D), torch.randn(2, 1, D)
     out = MemoryCRFAttention(D, steps=3, no_repeat=False)(query, keys, values)

@@ -1,5 +1,7 @@
 """The C++ chain kernels (structs/_chain.cpp: forward-backward and its Hessian-vector product
-for few labels) against the PyTorch code they replace and against brute force."""
+for few labels) against the PyTorch code they replace and against brute force; the fused
+small-tree path of the Eisner kernels (structs/_eisner.cpp) against their per-width ATen
+path and the PyTorch code."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from torch import Tensor
 
 from structattn import LinearChainCRF
-from structattn.structs import linear_chain
+from structattn.structs import dependency, linear_chain
 from structattn.structs._extension import kernels, kernels_disabled
 from structattn.structs.linear_chain import chain_log_partition, chain_marginals
 
@@ -189,3 +191,50 @@ def test_kernels_serve_the_distribution_and_only_auto() -> None:
         assert linear_chain._chain_kernels(unary, pairwise, "auto") is None
         want = LinearChainCRF(unary, pairwise, lengths).marginals
     torch.testing.assert_close(LinearChainCRF(unary, pairwise, lengths).marginals, want)
+
+
+# ---- the fused path of the Eisner kernels -----------------------------------------------
+def _tree_passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> list[Tensor]:
+    """log Z, its seeded gradient, the marginals and a Hessian-vector product."""
+    x = scores.clone().requires_grad_()
+    logz = dependency.eisner_log_partition(x, lengths, multiroot)
+    seed = torch.linspace(-1.0, 2.0, x.shape[0], dtype=x.dtype)
+    (plain,) = torch.autograd.grad(logz, x, seed, retain_graph=True)
+    (marginals,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+    direction = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=x.dtype)
+    (hvp,) = torch.autograd.grad((marginals * direction).sum(), x)
+    return [logz.detach(), plain, marginals.detach(), hvp]
+
+
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
+)
+def test_fused_eisner_equals_the_aten_path_and_the_pytorch_code(
+    multiroot: bool, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fused loops (eight trees per group: one partial group, two groups), the ATen path
+    with kept and with recomputed weights, and the PyTorch code agree, with -inf arcs and
+    lengths 2 .. N, at 1 and 2 threads."""
+    for batch, size in [(1, 2), (11, 9), (3, 21)]:
+        gen = torch.Generator().manual_seed(size)
+        scores = (torch.randn(batch, size, size, generator=gen) * 3).to(dtype)
+        scores[:, :, 0] = float("-inf")
+        if batch > 1:  # forbidden arcs that still leave trees
+            scores[1, 2:, 1] = float("-inf")
+        lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+        lengths[0] = size
+        with kernels_disabled():
+            want = _tree_passes(scores, lengths, multiroot)
+        for path, threads in itertools.product(("fused", "kept", "recomputed"), (1, 2)):
+            torch.set_num_threads(threads)
+            with monkeypatch.context() as patch:
+                if path != "fused":
+                    patch.setattr(dependency, "_FUSED_SIZE", 0)
+                if path == "recomputed":
+                    patch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+                got = _tree_passes(scores, lengths, multiroot)
+            for a in got:
+                assert torch.isfinite(a).all()
+            _assert_all_close(got, want, tol)

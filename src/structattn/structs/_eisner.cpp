@@ -4,8 +4,8 @@
 //   * the ~90 small tensor operations per span width pay no Python overhead, and
 //   * the batch is split into one chunk per thread, each chunk running all span widths on
 //     its own (the per-width tensors are too small for ATen's intra-op threads).
-// Small problems (every batch whose split weights fit in 32 MB, N <= 80) instead run the
-// whole dynamic program in fused loops on eight trees at once (the "fused path" below).
+// Small problems (dependency.py decides: _FUSED_SIZE) instead run the whole dynamic program
+// in fused loops on eight trees at once (the "fused path" below).
 // Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
 #include <algorithm>
 #include <cmath>
@@ -388,13 +388,6 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
 #endif
 
 #ifdef STRUCTATTN_FUSED_EISNER
-// A batch takes the fused path when its split weights (double) total at most kFusedTerms
-// (32 MB: the kept float32 weights of the ATen path, _CACHE_ELEMENTS in dependency.py, twice)
-// and its trees have at most kFusedSize positions (ROOT included). Measured at 1 thread,
-// inside + outside + HVP, B = 32: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15
-// (N = 40), 13 vs 46 (N = 56), 30 vs 80 ms (N = 64, whose weights exceed the bound).
-constexpr int64_t kFusedSize = 80;
-constexpr int64_t kFusedTerms = int64_t{1} << 22;
 constexpr int64_t kTrees = 8;
 // kTrees doubles or integers, one per tree; aligned(8): no 64-byte alignment assumed
 typedef double Vec __attribute__((vector_size(kTrees * sizeof(double)), aligned(8)));
@@ -757,8 +750,10 @@ struct EisnerOutside {
 #endif
 };
 
+// The inside pass; ``fused``: by the fused path (where it is compiled in), else by the ATen
+// path, which keeps the split weights if ``keep_weights`` (else recomputes them).
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
-                                           bool multiroot, bool keep_weights) {
+                                           bool multiroot, bool keep_weights, bool fused) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
   auto state = std::make_shared<EisnerState>();
@@ -767,7 +762,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   const Tensor arcs = arc_scores.contiguous();
 #ifdef STRUCTATTN_FUSED_EISNER
   const int64_t size = arcs.size(1);
-  if (size <= kFusedSize && arcs.size(0) * 3 * term_bases(size)[size] <= kFusedTerms) {
+  if (fused) {
     state->size = size;
     state->fused.resize(count);
     const Tensor ends = last.to(at::kLong).contiguous();
@@ -896,6 +891,7 @@ void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerOutside, std::shared_ptr<EisnerOutside>>(m, "EisnerOutside");
   m.def("eisner_inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
         pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
+        pybind11::arg("fused"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("eisner_log_partition", &eisner_log_partition, "log Z [B] from the state");
   m.def("eisner_outside", &eisner_outside, "seed[b] * marginals [B, N, N]",
