@@ -438,3 +438,32 @@ def test_first_build_notice_is_not_doubled_by_the_cli_logging(
         log.setLevel(level)
     err = capsys.readouterr().err
     assert err.count("compiling the C++ kernels") == 1 and err.count("ready") == 1
+
+
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("kind", ["projective", "projective-marginals", "non-projective", "chain"])
+def test_kernel_outputs_do_not_keep_their_graph_alive(kind: str) -> None:
+    """An output the C++ state also held kept the autograd node owning that state alive: a
+    reference cycle through C++ that leaked every chart (3 MB per call at B = 64, N = 21) and
+    made each call allocate fresh memory. The outputs must die with their graph."""
+    import gc
+    import weakref
+
+    from structattn import LinearChainCRF, NonProjectiveDependencyCRF
+
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(9, 6, 6, generator=gen, requires_grad=True)
+    lengths = torch.tensor([6, 5, 4, 6, 3, 2, 6, 5, 4])
+    if kind == "projective":
+        out = DependencyCRF(scores, lengths).log_partition
+    elif kind == "projective-marginals":
+        out = DependencyCRF(scores, lengths).marginals
+    elif kind == "non-projective":
+        out = NonProjectiveDependencyCRF(scores, lengths).marginals
+    else:
+        out = LinearChainCRF(scores[:, :, :2], torch.randn(2, 2), lengths).marginals
+    out.sum().backward()
+    ref = weakref.ref(out)
+    del out
+    gc.collect()
+    assert ref() is None

@@ -800,7 +800,9 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
 
 Tensor eisner_log_partition(const EisnerState& state) {
 #ifdef STRUCTATTN_FUSED_EISNER
-  if (!state.fused.empty()) return state.logz;
+  // a copy: the caller's autograd node owns the state, so an output the state also held
+  // would keep that node (and every chart) alive forever (a reference cycle through C++)
+  if (!state.fused.empty()) return state.logz.clone();
 #endif
   std::vector<Tensor> parts;
   for (const Chunk& c : state.chunks)

@@ -4,4 +4,5 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   structattn::bind_eisner(m);
   structattn::bind_matrix_tree(m);
+  structattn::bind_chain(m);
 }

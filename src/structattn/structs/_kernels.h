@@ -49,5 +49,6 @@ at::Tensor chunked(const std::vector<int64_t>& starts, const F& fn) {
 
 void bind_eisner(pybind11::module& m);
 void bind_matrix_tree(pybind11::module& m);
+void bind_chain(pybind11::module& m);
 
 }  // namespace structattn
