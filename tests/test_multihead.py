@@ -360,3 +360,71 @@ def test_state_dicts_of_the_per_head_layout_still_load() -> None:
     mha.load_state_dict(old)
     torch.testing.assert_close(mha.root_key, old["root_key"][[1, 3]])
     torch.testing.assert_close(mha.root_value, old["root_value"][[1, 3]])
+
+
+# ---- head groups as views, the one-node tree marginals (issue #20.7) ------------------------
+@pytest.mark.parametrize(
+    "normalizer",
+    [
+        ["softmax", "softmax", "projective", "projective"],  # consecutive groups: views
+        ["projective", "softmax", "segmentation", "projective"],  # scattered: gathers
+        ["softmax", "projective", "projective", "segmentation"],
+    ],
+)
+def test_head_groups_equal_heads_computed_one_by_one(normalizer: list[str]) -> None:
+    """Every head's weights and the output equal those of a layer whose heads all use that
+    head's normaliser (same projections), whatever the grouping of the heads."""
+    torch.manual_seed(0)
+    layer = StructuredMultiheadAttention(16, 4, batch_first=True, normalizer=normalizer).double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] + [True] * 4])
+    out, weights = layer(x, x, x, key_padding_mask=padding, average_attn_weights=False)
+    for head, kind in enumerate(normalizer):
+        single = StructuredMultiheadAttention(16, 4, batch_first=True, normalizer=kind).double()
+        state = {k: v for k, v in layer.state_dict().items() if k in single.state_dict()}
+        slot = [i for i, n in enumerate(normalizer) if n == kind].index(head)
+        for name in ("transitions", "root_key", "root_value"):
+            if name in single.state_dict():
+                state[name] = getattr(layer, name)[slot].expand_as(getattr(single, name))
+        single.load_state_dict(state)
+        _, alone = single(x, x, x, key_padding_mask=padding, average_attn_weights=False)
+        torch.testing.assert_close(weights[:, head], alone[:, head])
+
+
+def test_projective_tree_weights_equal_the_distribution_marginals() -> None:
+    """The tree heads' one-node marginals (structs.dependency.eisner_marginals): values,
+    gradients and second derivatives equal DependencyCRF's, with padding and length 1."""
+    from structattn import DependencyCRF
+    from structattn.attention.normalizers import self_attention_tree_weights
+
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(4, 2, 6, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    root = torch.randn(4, 2, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([6, 1, 4, 2]).view(4, 1).expand(-1, 2)
+    weights, share = self_attention_tree_weights(scores, root, lengths, "projective")
+
+    arcs = scores.new_zeros(4, 2, 7, 7)
+    arcs[..., 0, 1:] = root
+    arcs[..., 1:, 1:] = scores.transpose(-1, -2)
+    marginals = DependencyCRF(arcs.reshape(8, 7, 7), (lengths + 1).reshape(8)).marginals
+    marginals = marginals.reshape(4, 2, 7, 7)
+    torch.testing.assert_close(weights, marginals[..., 1:, 1:].transpose(-1, -2))
+    torch.testing.assert_close(share, marginals[..., 0, 1:])
+    direction = torch.randn(weights.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad((weights * direction).sum(), (scores, root), create_graph=True)
+    want = torch.autograd.grad(
+        (marginals[..., 1:, 1:].transpose(-1, -2) * direction).sum(), (scores, root),
+        create_graph=True,
+    )  # fmt: skip
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    third = torch.autograd.grad(got[0].pow(2).sum(), scores)[0]
+    torch.testing.assert_close(third, torch.autograd.grad(want[0].pow(2).sum(), scores)[0])
+    short = torch.tensor([4, 1]).view(2, 1).expand(-1, 2)
+    assert torch.autograd.gradgradcheck(
+        lambda s, r: self_attention_tree_weights(s, r, short, "projective"),
+        (
+            scores.detach()[:2, :, :4, :4].requires_grad_(),
+            root.detach()[:2, :, :4].requires_grad_(),
+        ),
+    )

@@ -135,6 +135,10 @@ class StructuredMultiheadAttention(nn.Module):
             for k, heads in self._groups.items()
             if NORMALIZERS[k].parameters
         }
+        # (first, count) of a group or of its slots whose indices are consecutive: a view
+        # (narrow) instead of a gather (index_select / advanced indexing and their backward)
+        self._head_ranges = {k: _as_range(heads) for k, heads in self._groups.items()}
+        self._slot_ranges = {k: _as_range(slots) for k, slots in self._slots.items()}
         if self._packed_projections:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
             self.register_parameter("q_proj_weight", None)
@@ -458,18 +462,26 @@ class StructuredMultiheadAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B,H,L,S]
         scores, allowed, key_lengths = self._masks(scores, key_padding_mask, attn_mask, is_causal)
 
-        parts: list[tuple[Tensor | None, Tensor]] = []  # (head indices or None = all, weights)
-        root_terms: list[tuple[Tensor | None, Tensor]] = []  # tree heads' ROOT values
+        # (head indices, a range (first, count) or None = all, weights)
+        parts: list[tuple[Tensor | tuple[int, int] | None, Tensor]] = []
+        root_terms: list[tuple[Tensor | tuple[int, int] | None, Tensor]] = []  # ROOT values
         for kind, heads in self._groups.items():  # one batched call per normaliser kind
-            index = None
+            index: Tensor | tuple[int, int] | None = None
             s, qh, kh, mask = scores, q, k, allowed
-            if len(heads) < self.num_heads:
+            span = self._head_ranges[kind]
+            if len(heads) < self.num_heads and span is not None:
+                index = span
+                s, qh, kh = (x.narrow(1, *span) for x in (scores, q, k))
+                if mask is not None and mask.shape[1] > 1:
+                    mask = mask.narrow(1, *span)
+            elif len(heads) < self.num_heads:
                 index = torch.tensor(heads, device=scores.device)
                 s, qh, kh = (x.index_select(1, index) for x in (scores, q, k))
                 if mask is not None and mask.shape[1] > 1:
                     mask = mask.index_select(1, index)
             nh = len(heads)
             slots = self._slots.get(kind)
+            slot_span = self._slot_ranges.get(kind)
             if kind == "softmax":
                 w = s.softmax(-1) if mask is None else softmax_weights(s, mask)
             elif kind == "sigmoid":
@@ -481,11 +493,11 @@ class StructuredMultiheadAttention(nn.Module):
                     if mask is None
                     else mask.expand(s.shape).sum(-1)
                 )  # [B, h, L]: each query's chain
-                transitions = self.transitions[slots].view(1, nh, 1, 2, 2)
+                transitions = _take(self.transitions, slots, slot_span).view(1, nh, 1, 2, 2)
                 w = segmentation_weights(s, lengths, transitions)
             elif kind == "mean-field":
                 assert self.coupling is not None and slots is not None
-                beta = self.coupling[slots].view(1, nh, 1, 1)
+                beta = _take(self.coupling, slots, slot_span).view(1, nh, 1, 1)
                 coupling = beta * torch.matmul(kh, kh.transpose(-1, -2)) / math.sqrt(self.head_dim)
                 eye = torch.eye(source, dtype=torch.bool, device=s.device)
                 coupling = coupling.masked_fill(eye, 0.0).unsqueeze(2)  # [B, h, 1, S, S]
@@ -496,7 +508,8 @@ class StructuredMultiheadAttention(nn.Module):
                 assert slots is not None
                 if length != source:
                     raise ValueError(f"'{kind}' heads need self-attention (L == S)")
-                root = torch.einsum("bhld,hd->bhl", qh, self.root_key[slots])
+                root_key = _take(self.root_key, slots, slot_span)  # [h, d]
+                root = torch.matmul(qh, root_key.unsqueeze(-1)).squeeze(-1)  # [B, h, L]
                 lengths = (
                     torch.full((batch,), source, device=s.device)
                     if key_lengths is None
@@ -505,21 +518,40 @@ class StructuredMultiheadAttention(nn.Module):
                 w, share = self_attention_tree_weights(
                     s, root / math.sqrt(self.head_dim), lengths.view(batch, 1).expand(-1, nh), kind
                 )
-                value_root = self.root_value[slots].view(1, nh, 1, self.head_dim)
+                value_root = _take(self.root_value, slots, slot_span).view(1, nh, 1, -1)
                 root_terms.append((index, share.unsqueeze(-1) * value_root))  # [B, h, L, d]
             parts.append((index, w))
         if len(parts) == 1:
             weights = parts[0][1]
+        elif all(isinstance(index, tuple) for index, _ in parts):  # ranges tiling the heads
+            ordered = sorted(parts, key=lambda part: part[0])  # type: ignore[arg-type,return-value]
+            weights = torch.cat([w.to(scores.dtype) for _, w in ordered], 1)
         else:
             weights = scores.new_zeros(batch, self.num_heads, length, source)
             for index, w in parts:
                 assert index is not None
+                if isinstance(index, tuple):
+                    index = torch.arange(index[0], index[0] + index[1], device=scores.device)
                 weights = weights.index_copy(1, index, w.to(weights.dtype))
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, p=self.dropout)
         out = torch.matmul(weights, v)  # [B, H, L, d]
         for index, term in root_terms:
             term = term.to(out.dtype)
+            if isinstance(index, tuple):
+                index = torch.arange(index[0], index[0] + index[1], device=out.device)
             out = out + term if index is None else out.index_add(1, index, term)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
         return out, weights
+
+
+def _as_range(indices: Sequence[int]) -> tuple[int, int] | None:
+    """(first, count) if ``indices`` are consecutive and ascending, else None."""
+    if indices and list(indices) == list(range(indices[0], indices[0] + len(indices))):
+        return indices[0], len(indices)
+    return None
+
+
+def _take(parameter: Tensor, slots: Sequence[int], span: tuple[int, int] | None) -> Tensor:
+    """``parameter[slots]``: a view when the slots are consecutive."""
+    return parameter.narrow(0, *span) if span is not None else parameter[list(slots)]

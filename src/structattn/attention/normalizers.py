@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions import DependencyCRF, LinearChainCRF
 from ..distributions.base import StructuredDistribution
+from ..structs.dependency import eisner_marginals
 from ..structs.mean_field import mean_field_marginals
 from ._common import masked_softmax
 
@@ -114,10 +116,25 @@ def self_attention_tree_weights(
     and lengths [*] (words) -> (weights [*, L, L] with weights[m, h] = p(h -> m), ROOT share
     [*, L] = p(ROOT -> m)). Rows sum to 1 - ROOT share (0 beyond the length)."""
     length = scores.shape[-1]
-    arcs = scores.new_zeros(*scores.shape[:-2], length + 1, length + 1)  # [*, L+1, L+1]
-    arcs[..., 0, 1:] = root_scores  # ROOT -> m
-    arcs[..., 1:, 1:] = scores.transpose(-1, -2)  # arcs[h, m] = S[m, h]
-    marginals = tree_marginals(arcs, lengths + 1, kind)  # [*, L+1, L+1]
+    if kind == "projective":  # one autograd node for the marginals (eisner_marginals)
+        lead = scores.shape[:-2]
+        arcs = torch.cat([root_scores.unsqueeze(-2), scores.transpose(-1, -2)], -2)
+        arcs = arcs.reshape(-1, length + 1, length)  # [B', L+1, L]: arcs[h, m - 1]
+        flat = lengths.reshape(-1) + 1  # [B'] positions with ROOT
+        pos = torch.arange(length + 1, device=scores.device)
+        real = pos < flat.unsqueeze(-1)  # [B', L+1]
+        padding = ~(real.unsqueeze(-1) & real[:, 1:].unsqueeze(1))  # [B', L+1, L]
+        arcs = arcs.masked_fill(padding, 0.0)
+        loop = pos.unsqueeze(-1) == pos[1:]  # [L+1, L]: h == m (self-loops)
+        arcs = arcs.masked_fill(loop, float("-inf"))
+        arcs = F.pad(arcs, (1, 0), value=float("-inf"))  # [B', L+1, L+1]: no arc into ROOT
+        marginals = eisner_marginals(arcs, flat, True)
+        marginals = marginals.reshape(*lead, length + 1, length + 1)
+    else:
+        arcs = scores.new_zeros(*scores.shape[:-2], length + 1, length + 1)  # [*, L+1, L+1]
+        arcs[..., 0, 1:] = root_scores  # ROOT -> m
+        arcs[..., 1:, 1:] = scores.transpose(-1, -2)  # arcs[h, m] = S[m, h]
+        marginals = tree_marginals(arcs, lengths + 1, kind)  # [*, L+1, L+1]
     return marginals[..., 1:, 1:].transpose(-1, -2), marginals[..., 0, 1:]
 
 

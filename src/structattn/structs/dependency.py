@@ -35,6 +35,7 @@ from ._extension import kernels as compiled_kernels
 __all__ = [
     "eisner_inside",
     "eisner_log_partition",
+    "eisner_marginals",
     "eisner_max",
     "is_projective",
     "is_tree",
@@ -535,6 +536,28 @@ def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: 
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that; ``arc_scores`` must already have ``-inf`` in column 0."""
     return _EisnerLogPartition.apply(arc_scores, lengths, multiroot)
+
+
+def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+    """Arc marginals p(h -> m) over projective trees, [B, N, N], in one autograd node:
+    forward the inside and outside passes, backward the hand-written Hessian-vector product
+    (the marginals of :func:`eisner_log_partition` without the first-order node and
+    ``autograd.grad``; what a structured attention layer needs). ``arc_scores`` must
+    already have ``-inf`` in column 0 and on the diagonal; entries beyond ``lengths`` are
+    ignored. An item with no tree has zero marginals."""
+    batch, size, _ = arc_scores.shape
+    last = last_index(lengths, batch, size, arc_scores.device)
+    fits = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
+    keep = fits and arc_scores.requires_grad
+    kernels = compiled_kernels(arc_scores)
+    with torch.no_grad():
+        if kernels is not None:
+            fused = fits and size <= _FUSED_SIZE
+            charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, keep, fused)
+        else:
+            charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=keep)
+    seed = arc_scores.new_ones(batch)
+    return _EisnerMarginals.apply(arc_scores, seed, charts, lengths, multiroot, kernels)
 
 
 def tree_score(arc_scores: Tensor, heads: Tensor, mask: Tensor) -> Tensor:
