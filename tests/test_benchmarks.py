@@ -139,3 +139,21 @@ def test_transformer_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(ratios) == len(module.CONFIGS)
     assert ratios["nn.MultiheadAttention"] == 1.0
     assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+
+
+def test_a_wrong_peer_is_a_finding_and_only_ours_fails_the_run(capsys) -> None:
+    """#22.3: `make bench` exited 1 because torch-struct and supar disagreed with float64 at
+    N = 200, C = 2 while ours passed; only a failed check of ours sets the exit status."""
+    run = _load_run()
+    results = run.Results(machine={}, settings={})
+    ok = {"logz": 1e-7}
+    results.checks = [
+        run.Check("chain", "N=200 C=2", "ours", "float64", ok, True),
+        run.Check("chain", "N=200 C=2", "torch-struct", "float64", {"logz": 1.0}, False),
+        run.Check("chain", "N=200 C=2", "supar", "float64", {"logz": 1.0}, False),
+    ]
+    assert run.exit_status(results) == 0
+    assert "2 peer FAIL line(s)" in capsys.readouterr().out
+    results.checks.append(run.Check("tree", "tiny", "ours (float64)", "brute force", ok, False))
+    assert run.exit_status(results) == 1
+    assert results.to_json()["our_failures"] == 1
