@@ -57,16 +57,18 @@ def count_chunks(bits: str) -> int:
     return sum(1 for i, c in enumerate(bits) if c == "1" and (i == 0 or bits[i - 1] == "0"))
 
 
-def _rng(seed: int, split: str) -> random.Random:
-    return random.Random(f"{seed}:{split}")
-
-
-def _lengths(count: int | None, lengths: Sequence[int], rng: random.Random) -> list[int]:
-    """``count`` lengths drawn uniformly from ``lengths``, or (``count=None``) each length
-    once (the caller repeats per-length)."""
+def _sizes(
+    count: int, lengths: Sequence[int], per_length: int, seed: int, split: str
+) -> tuple[list[int], random.Random]:
+    """The lengths of a split and its generator (seeded by ``seed`` and the split's name):
+    ``count`` lengths drawn uniformly from ``lengths``, or with ``per_length > 0`` every
+    length ``per_length`` times."""
     if not lengths or min(lengths) < 1:
         raise ValueError(f"`lengths` must be positive, got {list(lengths)}")
-    return [rng.choice(list(lengths)) for _ in range(count)] if count else list(lengths)
+    rng = random.Random(f"{seed}:{split}")
+    if per_length:
+        return [n for n in lengths for _ in range(per_length)], rng
+    return [rng.choice(list(lengths)) for _ in range(count)], rng
 
 
 def counting_examples(
@@ -75,11 +77,7 @@ def counting_examples(
     """Seeded binary strings (each bit 1 with probability 1/2) and their chunk counts:
     ``count`` strings of lengths drawn uniformly from ``lengths``, or with ``per_length > 0``
     exactly ``per_length`` strings of every length (test splits; ``count`` is ignored)."""
-    rng = _rng(seed, split)
-    if per_length:
-        sizes = [n for n in _lengths(None, lengths, rng) for _ in range(per_length)]
-    else:
-        sizes = _lengths(count, lengths, rng)
+    sizes, rng = _sizes(count, lengths, per_length, seed, split)
     out = []
     for n in sizes:
         bits = "".join(rng.choice("01") for _ in range(n))
@@ -99,11 +97,7 @@ def sorting_examples(
     and their ascending sort; sizes as :func:`counting_examples`."""
     if max_value < 0:
         raise ValueError(f"`max_value` must be >= 0, got {max_value}")
-    rng = _rng(seed, split)
-    if per_length:
-        sizes = [n for n in _lengths(None, lengths, rng) for _ in range(per_length)]
-    else:
-        sizes = _lengths(count, lengths, rng)
+    sizes, rng = _sizes(count, lengths, per_length, seed, split)
     out = []
     for n in sizes:
         values = tuple(rng.randint(0, max_value) for _ in range(n))
