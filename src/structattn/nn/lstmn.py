@@ -382,33 +382,37 @@ class LSTMNCell(nn.Module):
         if state is None:
             state = self.initial_state(batch, inputs.device, inputs.dtype)
         state = _check_state(state, batch, self.hidden_size)
-        x_attn = self.attn_input(inputs)  # W_x x_t for all t, [B, T, H]
-        x_gates = self.input_gates(inputs)  # W[:, x] x_t + b for all t, [B, T, 4H]
+        # W_x x_t and W[:, x] x_t + b for all t, as T x [B, H] and T x [B, 4H] (unbind: one
+        # gradient stack in the backward instead of a zero-filled [B, T, *] per step)
+        x_attn = self.attn_input(inputs).unbind(1)
+        x_gates = self.input_gates(inputs).unbind(1)
         h = self.hidden_size
         all_real = bool(mask.all())
         fused = torch.cat([self.summary_gates.weight, self.attn_summary.weight], dim=0)  # [5H, H]
         query_summary = self.attn_summary(state.summary)  # W_h~ h~_{t-1}, [B, H]
-        tape = torch.cat([state.hidden, state.memory], dim=-1)  # [B, N, 2H]
-        keys, valid = state.keys, state.valid  # [B, N, H], [B, N]
+        # the tapes as lists of slots: each step stacks the slots it attends to, so the
+        # backward only splits gradients (no zero-filled gradient of a whole tape per step)
+        tape = list(torch.cat([state.hidden, state.memory], dim=-1).unbind(1))  # N x [B, 2H]
+        keys = list(state.keys.unbind(1))  # N x [B, H]
+        valid = list(state.valid.unbind(1))  # N x [B]
         summary = state.summary  # [B, H]
         score = self.attn_score.weight.squeeze(0)  # v, [H]
-        start = tape.shape[1]  # P slots before this call
-        width = start + length
+        width = len(tape) + length  # P slots before this call, then T
         rows, hidden_steps, memory_steps = [], [], []
         for t in range(length):
-            slots = tape.shape[1]
+            slots = len(tape)
             low = max(0, slots - memory_span) if memory_span is not None else 0
             # a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}) over the attended slots
-            query = x_attn[:, t] + query_summary  # [B, H]
-            scores = torch.tanh(keys[:, low:] + query.unsqueeze(1)) @ score  # [B, n]
-            open_slots = valid[:, low:]  # [B, n]
-            if memory_span is not None and low > 0:  # slot 0 may have left the span
+            query = x_attn[t] + query_summary  # [B, H]
+            scores = torch.tanh(torch.stack(keys[low:], 1) + query.unsqueeze(1)) @ score  # [B, n]
+            open_slots = torch.stack(valid[low:], 1)  # [B, n]
+            if low > 0:  # slot 0 has left the span: read zero slots if nothing is open
                 open_slots = open_slots | ~open_slots.any(-1, keepdim=True)
             weights = torch.softmax(scores.masked_fill(~open_slots, float("-inf")), dim=-1)
-            read = torch.bmm(weights.unsqueeze(1), tape[:, low:]).squeeze(1)  # [B, 2H]
-            h_sum, c_sum = read[:, :h], read[:, h:]  # h~_t, c~_t
+            read = torch.bmm(weights.unsqueeze(1), torch.stack(tape[low:], 1)).squeeze(1)
+            h_sum, c_sum = read[:, :h], read[:, h:]  # h~_t, c~_t [B, H]
             projected = h_sum @ fused.t()  # [B, 5H]: gates part, next query part
-            gates = x_gates[:, t] + projected[:, : 4 * h]  # [B, 4H]
+            gates = x_gates[t] + projected[:, : 4 * h]  # [B, 4H]
             in_gate, forget_gate, out_gate, candidate = gates.chunk(4, dim=-1)
             memory = torch.sigmoid(forget_gate) * c_sum + torch.sigmoid(in_gate) * torch.tanh(
                 candidate
@@ -417,8 +421,8 @@ class LSTMNCell(nn.Module):
             if all_real:
                 query_summary = projected[:, 4 * h :]
                 summary = h_sum
-                closed = valid[:, :1] & False  # a real step closes slot 0
-                valid = torch.cat([closed, valid[:, 1:], ~closed], dim=1)  # [B, N + 1]
+                valid[0] = valid[0] & False  # a real step closes slot 0
+                valid.append(~valid[0])
             else:
                 keep = mask[:, t].unsqueeze(-1)  # [B, 1]
                 hidden = hidden.masked_fill(~keep, 0.0)
@@ -426,9 +430,10 @@ class LSTMNCell(nn.Module):
                 weights = weights.masked_fill(~keep, 0.0)
                 query_summary = torch.where(keep, projected[:, 4 * h :], query_summary)
                 summary = torch.where(keep, h_sum, summary)
-                valid = torch.cat([valid[:, :1] & ~keep, valid[:, 1:], keep], dim=1)
-            tape = torch.cat([tape, torch.cat([hidden, memory], -1).unsqueeze(1)], dim=1)
-            keys = torch.cat([keys, self.attn_hidden(hidden).unsqueeze(1)], dim=1)
+                valid[0] = valid[0] & ~mask[:, t]
+                valid.append(mask[:, t])
+            tape.append(torch.cat([hidden, memory], -1))  # [B, 2H]
+            keys.append(self.attn_hidden(hidden))  # W_h h_t [B, H]
             rows.append(F.pad(weights, (low, width - slots)))  # [B, P + T]
             hidden_steps.append(hidden)
             memory_steps.append(memory)
@@ -441,15 +446,19 @@ class LSTMNCell(nn.Module):
             out_hidden = out_memory = inputs.new_zeros(batch, 0, h)
         if fresh:
             attention = attention[:, :, 1:]  # drop slot 0: [B, T, T]
-        if memory_span is not None and tape.shape[1] > memory_span + 1:
+        if memory_span is not None and len(tape) > memory_span + 1:
             # keep slot 0 (the zero slot, open until the first real step) and the last
             # `memory_span` slots, so slot 0 stays the zero slot in the carried state
-            index = torch.cat(
-                [torch.zeros(1, dtype=torch.long), torch.arange(-memory_span, 0) + tape.shape[1]]
-            ).to(tape.device)
-            tape, keys, valid = tape[:, index], keys[:, index], valid[:, index]
+            tape, keys, valid = (
+                [x[0], *x[-memory_span:]] for x in (tape, keys, valid)
+            )  # fmt: skip
+        stacked = torch.stack(tape, 1)  # [B, N', 2H]
         final = LSTMNState(
-            hidden=tape[..., :h], memory=tape[..., h:], keys=keys, valid=valid, summary=summary
+            hidden=stacked[..., :h],
+            memory=stacked[..., h:],
+            keys=torch.stack(keys, 1),
+            valid=torch.stack(valid, 1),
+            summary=summary,
         )
         return LSTMNOutput(out_hidden, out_memory, attention, final)
 
