@@ -8,6 +8,9 @@ on malformed input.
   SNLI, SST), padded length-bucketed batches.
 - :mod:`~structattn.data.conllu`: CoNLL-U treebanks (UD English-EWT), UAS / LAS,
   projectivity.
+- :mod:`~structattn.data.embeddings`: GloVe-format word vectors, embedding matrices with
+  coverage counts and hashed Gaussian vectors for unknown words (imports torch, so it is not
+  re-exported here).
 
 Metrics shared across tasks (accuracy, confusion matrix, perplexity) are in
 :mod:`structattn.metrics`.
