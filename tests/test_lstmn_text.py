@@ -129,3 +129,22 @@ def test_summary_and_table_of_several_seeds() -> None:
     assert "82.0 +- 2.8 (n=2)" in table and "86.3" in table
     with pytest.raises(ValueError, match="task"):
         LSTMNSSTConfig(task="neutral")  # type: ignore[arg-type]
+
+
+def test_nli_pairs_config_and_table() -> None:
+    from structattn.recipes.lstmn_nli import LSTMNNLIConfig, load_pairs
+    from structattn.recipes.lstmn_nli import _summarize as nli_summarize
+    from structattn.recipes.lstmn_nli import _table as nli_table
+
+    try:
+        splits = load_pairs(LSTMNNLIConfig(max_train=30, max_eval=10))
+    except FileNotFoundError:  # pragma: no cover - the shared data is missing
+        pytest.skip("SICK not found")
+    assert [len(splits[s]) for s in ("train", "valid", "test")] == [30, 10, 10]
+    assert all(ex.pair for ex in splits["train"])
+    with pytest.raises(ValueError, match="dataset"):
+        LSTMNNLIConfig(dataset="mnli")  # type: ignore[arg-type]
+    config = LSTMNNLIConfig(model="lstmn-deep", hidden_size=300)
+    summary = nli_summarize(config, [{"test": {"accuracy": 70.0}, "valid": {"accuracy": 71.0}}])
+    table = nli_table({(300, "lstmn-deep"): summary})
+    assert "LSTMN deep fusion" in table and "85.7" in table and "70.0 +- 0.0 (n=1)" in table

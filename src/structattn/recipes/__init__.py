@@ -19,6 +19,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.babi",
     "structattn.recipes.lstmn_lm",
     "structattn.recipes.lstmn_sst",
+    "structattn.recipes.lstmn_nli",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
