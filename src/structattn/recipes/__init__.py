@@ -18,6 +18,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.tree_transduction",
     "structattn.recipes.babi",
     "structattn.recipes.lstmn_lm",
+    "structattn.recipes.nmt",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
