@@ -938,8 +938,8 @@ _CPU = MFAConfig(
     train_size=20_000,
     valid_size=500,
     test_per_length=20,
-    runs=2,
-    train=replace(PAPER_TRAIN, epochs=4),
+    runs=3,
+    train=replace(PAPER_TRAIN, epochs=5),
 )
 _QUICK = MFAConfig(
     iterations=2,
@@ -970,7 +970,7 @@ RECIPE = Recipe(
     variants=TABLE_MODELS,
     presets={
         "paper": Preset(_PAPER, "the paper's data (100K examples), our model sizes, 10 epochs"),
-        "cpu": Preset(_CPU, "20K training examples, 4 epochs, 2 runs per cell"),
+        "cpu": Preset(_CPU, "20K training examples, 5 epochs, 3 runs per cell (interleaved)"),
         "quick": Preset(_QUICK, "seconds: 64 sorting examples, tiny MFA_2 (smoke tests)"),
     },
     train=train,
