@@ -197,3 +197,24 @@ def test_config_errors_and_mfa_shorthand() -> None:
         mfa.MFAConfig(min_length=9, max_length=3)
     with pytest.raises(ValueError, match="max_value"):
         mfa.collate([SortingExample((12,), (12,))], torch.device("cpu"), 9)
+
+
+def test_mean_field_lm_windows_and_causality() -> None:
+    from structattn.models.mean_field_lm import MeanFieldLanguageModel
+
+    torch.manual_seed(0)
+    lm = MeanFieldLanguageModel(13, 6, 8, iterations=3, attention_dim=4, memory_size=4).eval()
+    x = torch.randint(0, 13, (2, 9))
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        full, _ = lm(x, lm.initial_state(2, cpu))
+        state, parts = lm.initial_state(2, cpu), []
+        for a, b in ((0, 3), (3, 5), (5, 9)):  # the same stream in BPTT windows
+            out, state = lm(x[:, a:b], state)
+            parts.append(out)
+        torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+        changed = x.clone()
+        changed[:, 6:] = (changed[:, 6:] + 1) % 13  # the future does not leak backwards
+        later, _ = lm(changed, lm.initial_state(2, cpu))
+        torch.testing.assert_close(later[:, :6], full[:, :6])
+        assert not torch.allclose(later[:, 6:], full[:, 6:])
