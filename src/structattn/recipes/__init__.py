@@ -19,6 +19,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.babi",
     "structattn.recipes.lstmn_lm",
     "structattn.recipes.nmt",
+    "structattn.recipes.mfa",
 )
 
 _REGISTRY: dict[str, Recipe] = {}

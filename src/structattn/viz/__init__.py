@@ -11,7 +11,8 @@
   :mod:`.trees`);
 * :func:`interaction_map` -- mean-field interactions J and their maximum-|J| spanning tree
   (Liu et al., section 3.3; :mod:`.mean_field`);
-* :func:`depth_curves`, :func:`grouped_bars` -- our results beside the paper's, and
+* :func:`depth_curves`, :func:`grouped_bars` -- our results beside the paper's,
+  :func:`line_curves` -- any metric against lengths or iterations, and
   :func:`training_curves` -- loss, learning rate and validation metrics of one or more
   runs from their ``metrics.jsonl`` (:mod:`.results`);
 * :func:`require_matplotlib` -- fail fast, before long work, when plots cannot be drawn;
@@ -36,7 +37,7 @@ from .arcs import dependency_arcs
 from .chains import fact_chain_graph
 from .heatmaps import attention_heatmap, attention_panels
 from .mean_field import interaction_map
-from .results import depth_curves, grouped_bars, training_curves
+from .results import depth_curves, grouped_bars, line_curves, training_curves
 from .trees import bracketed_tree
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "fact_chain_graph",
     "grouped_bars",
     "interaction_map",
+    "line_curves",
     "maximum_spanning_tree",
     "require_matplotlib",
     "training_curves",
