@@ -20,6 +20,8 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.lstmn_lm",
     "structattn.recipes.lstmn_sst",
     "structattn.recipes.lstmn_nli",
+    "structattn.recipes.nmt",
+    "structattn.recipes.mfa",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
