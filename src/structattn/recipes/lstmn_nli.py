@@ -465,7 +465,7 @@ RECIPE = Recipe(
     summarize=_summarize,
     cell_dir=lambda config: f"{config.dataset}/h{config.hidden_size}/{config.model}",
     grid=(
-        GridAxis("hidden-sizes", "hidden_size", HIDDEN_SIZES),
+        GridAxis("sizes", "hidden_size", HIDDEN_SIZES),
         GridAxis("models", "model", MODELS),
     ),
     table=_table,
