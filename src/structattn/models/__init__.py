@@ -2,6 +2,7 @@
 
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
+from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
 from .seq2seq import (
     ATTENTIONS,
     ENCODERS,
@@ -26,6 +27,10 @@ __all__ = [
     "EncoderOutput",
     "MemoryQA",
     "MemoryQAOutput",
+    "PRPNConfig",
+    "PRPNLanguageModel",
+    "PRPNOutput",
+    "PRPNState",
     "RecurrentEncoder",
     "Seq2Seq",
     "Seq2SeqConfig",
