@@ -22,7 +22,7 @@ def test_forward_backward_shapes(gate: str) -> None:
     inputs = torch.randint(30, (3, 7))
     logits, state = model(inputs, model.initial_state(3, "cpu"))
     assert logits.shape == (3, 7, 30)
-    assert state.hidden.shape == (2, 3, 4, 12) and state.valid.all()
+    assert state[3].shape == (2, 3, 4, 12) and state[5].all()  # hidden tapes, valid slots
     logits2, _ = model(inputs[:, :2], state)  # a window shorter than the memory
     (logits.logsumexp(-1).sum() + logits2.sum()).backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
@@ -39,7 +39,7 @@ def test_state_carries_the_stream_across_windows(gate: str) -> None:
     whole, _ = model(inputs)
     first, state = model(inputs[:, :4])
     second, state = model(inputs[:, 4:6], state)
-    third, _ = model(inputs[:, 6:], state.detach())
+    third, _ = model(inputs[:, 6:], tuple(x.detach() for x in state))
     torch.testing.assert_close(torch.cat([first, second, third], 1), whole)
 
 
@@ -97,7 +97,7 @@ def test_tiny_model_learns_a_tiny_corpus(gate: str) -> None:
         for start in range(0, 30, 10):
             window = stream[:, start : start + 11]
             logits, state = model(window[:, :-1], state)
-            state = state.detach()
+            state = tuple(x.detach() for x in state)
             loss = F.cross_entropy(logits.reshape(-1, 30), window[:, 1:].reshape(-1))
             optim.zero_grad()
             loss.backward()

@@ -233,8 +233,12 @@ class PRPNLanguageModel(nn.Module):
         nn.init.zeros_(self.decoder.bias)
 
     # ---- state ---------------------------------------------------------------------------
-    def initial_state(self, batch: int, device: torch.device | str) -> PRPNState:
-        """An empty memory for ``batch`` streams (no valid slot, no context)."""
+    def initial_state(self, batch: int, device: torch.device | str) -> tuple[Tensor, ...]:
+        """An empty memory for ``batch`` streams (no valid slot, no context), a plain tuple."""
+        return tuple(self.empty_state(batch, device))
+
+    def empty_state(self, batch: int, device: torch.device | str) -> PRPNState:
+        """:meth:`initial_state` as a :class:`PRPNState`."""
         c = self.config
         dtype = self.embedding.weight.dtype
         tape = torch.zeros(c.num_layers, batch, c.num_slots, c.hidden_dim, device=device)
@@ -276,7 +280,7 @@ class PRPNLanguageModel(nn.Module):
         if self.parser is None:
             raise ValueError("a PRPN without parsing network (gate='none') has no distances")
         x = self.embedding(inputs)  # [B, T, E]
-        empty = self.initial_state(inputs.shape[0], inputs.device)
+        empty = self.empty_state(inputs.shape[0], inputs.device)
         return self._parse(x, empty.context, empty.context_valid, mask)[0]
 
     # ---- forward -------------------------------------------------------------------------
@@ -287,7 +291,7 @@ class PRPNLanguageModel(nn.Module):
         c = self.config
         batch, steps = inputs.shape
         if state is None:
-            state = self.initial_state(batch, inputs.device)
+            state = self.empty_state(batch, inputs.device)
         slots = c.num_slots
         x = self.embedding(inputs)  # [B, T, E]
         ones = torch.ones(batch, steps, dtype=torch.bool, device=inputs.device)
@@ -368,7 +372,13 @@ class PRPNLanguageModel(nn.Module):
             attention=torch.stack(bottom_attention, dim=1),
         )
 
-    def forward(self, inputs: Tensor, state: PRPNState | None = None) -> tuple[Tensor, PRPNState]:
-        """(logits [B, T, V], new state) for ``inputs`` [B, T] (LM interface)."""
-        out = self.run(inputs, state)
-        return out.logits, out.state
+    def forward(
+        self, inputs: Tensor, state: tuple[Tensor, ...] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """(logits [B, T, V], new state) for ``inputs`` [B, T] (LM interface).
+
+        The state is a plain tuple with the fields of :class:`PRPNState` (the training loop
+        checkpoints it; batch in dimension 1 of ``hidden`` / ``cells``, 0 elsewhere).
+        """
+        out = self.run(inputs, None if state is None else PRPNState(*state))
+        return out.logits, tuple(out.state)

@@ -17,6 +17,7 @@ __all__ = ["BUILTIN", "GridAxis", "Preset", "Recipe", "get", "names", "register"
 BUILTIN: tuple[str, ...] = (
     "structattn.recipes.tree_transduction",
     "structattn.recipes.babi",
+    "structattn.recipes.prpn",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
