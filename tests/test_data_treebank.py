@@ -66,8 +66,17 @@ def test_the_shared_sample_counts() -> None:
     assert len(trees) == 3914
     assert trees[0].words[:6] == ("pierre", "vinken", "N", "years", "old", "will")
     assert len(read_mrg(_combined() / trees[0].file)) == 2
-    wsj10 = load_treebank(max_words=10)
-    assert len(wsj10) == 555 and all(1 <= len(s.words) <= 10 for s in wsj10)
+    wsj10 = [s for s in trees if 1 <= len(s.words) <= 10]
+    assert len(wsj10) == 555
+
+
+def test_load_treebank_filters_by_length(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a.mrg").write_text(MRG)
+    (tmp_path / "b.mrg").write_text("( (S (NP (-NONE- *)) (. .) ))\n" + MRG)
+    assert [len(s.words) for s in load_treebank(tmp_path)] == [6, 3, 6, 3]  # empty one dropped
+    assert [s.file for s in load_treebank(tmp_path, max_words=3)] == ["a.mrg", "b.mrg"]
+    with pytest.raises(FileNotFoundError, match="no .mrg"):
+        load_treebank(tmp_path / "missing")
 
 
 def _combined():  # type: ignore[no-untyped-def]
