@@ -129,12 +129,19 @@ class PRPNReader(nn.Module):
     (the step form of :func:`~structattn.structs.stick_breaking.gated_attention_weights`; a
     step whose gated mass is 0 reads the zero state).
 
-    Shapes of :meth:`step`: x [B, D], tapes [B, K, H], gates [B, K] (0 at invalid slots),
-    valid [B, K] bool, recurrent mask [B, H] -> h_t, c_t [B, H], attention [B, K].
+    The input parts of the query and of the LSTM gates are computed for every step at once
+    (:meth:`project_inputs`, one large matmul per layer instead of one per step);
+    :meth:`step` adds the recurrent parts (the same maths as ``nn.LSTMCell``, gate order i,
+    f, g, o, whose parameters it uses).
+
+    Shapes: :meth:`project_inputs` x [..., D] -> ([..., 4H], [..., H]); :meth:`step` those
+    at one step [B, ...], tapes [B, K, H], gates [B, K] (0 at invalid slots), valid [B, K]
+    bool, recurrent mask [B, H] -> h_t, c_t [B, H], attention [B, K].
     """
 
     def __init__(self, input_size: int, hidden_size: int, dropout: float, query_dropout: float):
         super().__init__()
+        self.input_size = input_size
         self.hidden_size = hidden_size
         self.input_dropout = nn.Dropout(dropout)
         self.query = nn.Sequential(
@@ -144,9 +151,18 @@ class PRPNReader(nn.Module):
         )
         self.cell = nn.LSTMCell(input_size, hidden_size)
 
+    def project_inputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(W_ih dropout(x) + b [..., 4H], W_qx dropout_q(x) + b_q [..., H]) for x [..., D]."""
+        linear = self.query[1]
+        assert isinstance(linear, nn.Linear)
+        cell = self.cell
+        gates_x = F.linear(self.input_dropout(x), cell.weight_ih, cell.bias_ih + cell.bias_hh)
+        query_x = F.linear(self.query[0](x), linear.weight[:, : self.input_size], linear.bias)
+        return gates_x, query_x
+
     def step(
         self,
-        x: Tensor,
+        projected: tuple[Tensor, Tensor],
         hidden: Tensor,
         cells: Tensor,
         gates: Tensor,
@@ -154,7 +170,11 @@ class PRPNReader(nn.Module):
         recurrent_mask: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One step: (h_t [B, H], c_t [B, H], attention [B, K])."""
-        query = self.query(torch.cat([x, hidden[:, -1]], dim=-1))  # [B, H]
+        gates_x, query_x = projected  # [B, 4H], [B, H]
+        linear = self.query[1]
+        assert isinstance(linear, nn.Linear)
+        previous = self.query[0](hidden[:, -1])  # [B, H], h_{t-1} (dropout of the query input)
+        query = self.query[2](query_x + F.linear(previous, linear.weight[:, self.input_size :]))
         scores = torch.bmm(hidden, query.unsqueeze(-1)).squeeze(-1)  # [B, K]
         scores = scores / math.sqrt(self.hidden_size)
         scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
@@ -164,7 +184,10 @@ class PRPNReader(nn.Module):
         weights = torch.where(positive, gated / torch.where(positive, total, 1.0), 0.0)
         read_h = torch.bmm(weights.unsqueeze(1), hidden).squeeze(1)  # [B, H]
         read_c = torch.bmm(weights.unsqueeze(1), cells).squeeze(1)  # [B, H]
-        h, c = self.cell(self.input_dropout(x), (read_h * recurrent_mask, read_c))
+        z = gates_x + F.linear(read_h * recurrent_mask, self.cell.weight_hh)  # [B, 4H]
+        in_gate, forget, candidate, out_gate = z.chunk(4, dim=-1)
+        c = torch.sigmoid(forget) * read_c + torch.sigmoid(in_gate) * torch.tanh(candidate)
+        h = torch.sigmoid(out_gate) * torch.tanh(c)
         return h, c, weights
 
 
@@ -323,11 +346,17 @@ class PRPNLanguageModel(nn.Module):
         cells = list(state.cells.unbind(0))
         readers: list[PRPNReader] = list(self.readers)  # type: ignore[arg-type]
         top_outputs, bottom_attention = [], []
+        bottom = readers[0].project_inputs(x)  # ([B, T, 4H], [B, T, H]), all steps at once
         for t in range(steps):
             layer_input = x[:, t]
             for i, reader in enumerate(readers):
+                projected = (
+                    (bottom[0][:, t], bottom[1][:, t])
+                    if i == 0
+                    else reader.project_inputs(layer_input)
+                )
                 h, cell, weights = reader.step(
-                    layer_input, hidden[i], cells[i], gates[:, t], window_valid[:, t], masks[i]
+                    projected, hidden[i], cells[i], gates[:, t], window_valid[:, t], masks[i]
                 )
                 hidden[i] = torch.cat([hidden[i][:, 1:], h.unsqueeze(1)], dim=1)
                 cells[i] = torch.cat([cells[i][:, 1:], cell.unsqueeze(1)], dim=1)
