@@ -22,6 +22,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.lstmn_nli",
     "structattn.recipes.nmt",
     "structattn.recipes.mfa",
+    "structattn.recipes.prpn",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
