@@ -2,6 +2,7 @@
 
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
+from .nli import INTRA_ATTENTION, DecomposableAttention, NLIOutput
 from .seq2seq import (
     ATTENTIONS,
     ENCODERS,
@@ -21,7 +22,10 @@ __all__ = [
     "ENCODERS",
     "MEMORY_MODELS",
     "SELF_ATTENTION",
+    "INTRA_ATTENTION",
     "BeamResult",
+    "DecomposableAttention",
+    "NLIOutput",
     "DecoderState",
     "EncoderOutput",
     "MemoryQA",
