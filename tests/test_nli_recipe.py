@@ -209,3 +209,17 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     first = json.loads((cell / "test_predictions.jsonl").read_text().splitlines()[0])
     assert set(first) == {"index", "premise", "hypothesis", "gold", "predicted"}
     assert first["predicted"] in ("entailment", "neutral", "contradiction")
+
+
+def test_branching_baselines_and_induced_trees() -> None:
+    assert nli.branching_heads(3, "right") == [2, 3, 0]
+    assert nli.branching_heads(3, "left") == [0, 1, 2]
+    config = nli.NLIConfig(hidden_dim=8, parser_dim=4)
+    model = nli.build_model(config, torch.randn(5, 50))
+    sentences = [["The", "men", "fight", "."], ["a"], ["unseen-word", "deli"]]
+    heads = nli.induced_heads(model, config, sentences)
+    assert [len(h) for h in heads] == [4, 1, 2] and heads[1] == [0]
+    assert all(0 <= h <= len(s) for s, hs in zip(sentences, heads, strict=True) for h in hs)
+    with pytest.raises(ValueError, match="no syntactic attention"):
+        nli.induced_heads(nli.build_model(nli.NLIConfig(attention="none"), torch.randn(5, 50)),
+                          nli.NLIConfig(attention="none"), sentences)  # fmt: skip

@@ -58,11 +58,14 @@ __all__ = [
     "RECIPE",
     "VARIANTS",
     "NLIConfig",
+    "branching_heads",
     "build_model",
     "evaluate",
     "load_data",
     "load_trained",
+    "induced_heads",
     "score",
+    "syntax_report",
     "train",
 ]
 
@@ -601,12 +604,76 @@ def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
     return visualize(checkpoint, options.sentence, out)
 
 
+@torch.no_grad()
+def induced_heads(
+    model: DecomposableAttention,
+    config: NLIConfig,
+    sentences: Sequence[Sequence[str]],
+    batch_size: int = 128,
+) -> list[list[int]]:
+    """The Viterbi trees (heads, 0 = ROOT) of the model's syntactic attention layer on any
+    tokenised sentences (their words get vectors by the run's embedding settings)."""
+    from .parser import word_vocabulary
+
+    if model.syntactic is None:
+        raise ValueError(f"a {config.attention} model has no syntactic attention layer")
+    words = word_vocabulary(sentences)
+    table = embedding_table(
+        words, config.embeddings, config.normalize_embeddings, config.unknown_buckets
+    ).weight.to(model.project.weight.device)
+    embed = nn.Embedding.from_pretrained(table, freeze=True, padding_idx=0)
+    model.eval()
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    out: list[list[int]] = [[] for _ in sentences]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(sentences[i]) for i in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # [B, N]
+        for b, i in enumerate(chunk):
+            ids[b, : len(sentences[i])] = torch.tensor(words.encode(sentences[i]))
+        ids = ids.to(table.device)
+        mask = ids != 0  # [B, N]
+        heads = model.syntactic.parse(model.project(embed(ids)), mask)  # [B, N+1]
+        for b, i in enumerate(chunk):
+            out[i] = heads[b, 1 : 1 + len(sentences[i])].tolist()
+    return out
+
+
+def branching_heads(length: int, direction: Literal["left", "right"]) -> list[int]:
+    """A chain: ``right`` = each word headed by the next (the last by ROOT), ``left`` = each
+    word headed by the previous one (the first by ROOT)."""
+    if direction == "right":
+        return [i + 2 for i in range(length - 1)] + [0]
+    return list(range(length))
+
+
+def syntax_report(checkpoint: str | Path, ewt_dir: str = "", split: str = "dev") -> dict[str, Any]:
+    """UAS (%, punctuation included and excluded) of the model's induced trees against the
+    gold trees of EWT ``split``, beside right- and left-branching chains."""
+    from ..data.conllu import attachment_scores, default_ud_data_dir, read_conllu
+
+    model, _, config = load_trained(checkpoint)
+    folder = Path(ewt_dir) if ewt_dir else default_ud_data_dir()
+    sentences = read_conllu(folder / f"en_ewt-ud-{split}.conllu")
+    sentences = [s for s in sentences if len(s) > 0]
+    report: dict[str, Any] = {"sentences": len(sentences)}
+    for name, heads in (
+        ("model", induced_heads(model, config, [s.words for s in sentences])),
+        ("right-branching", [branching_heads(len(s), "right") for s in sentences]),
+        ("left-branching", [branching_heads(len(s), "left") for s in sentences]),
+    ):
+        scores = attachment_scores(sentences, heads)
+        report[name] = {"uas": 100 * scores.uas, "uas_no_punct": 100 * scores.uas_no_punct}
+    return report
+
+
 @dataclass(frozen=True)
 class EvalOptions:
     """``structattn eval nli``'s own flags."""
 
     split: Literal["train", "valid", "test"] = "test"  # the split to score
     data_dir: str | None = field(default=None, metadata={"help": "default: the run's"})
+    ewt: bool = False  # also: UAS of the induced trees on EWT dev (structured / simple models)
 
 
 def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Path | None) -> str:
@@ -617,10 +684,19 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
     heads = pipeline_heads(config, splits)
     encoded = _Encoded(splits[options.split], words, LabelVocabulary(NLI_LABELS), heads)
     scores = evaluate(model, encoded, device, predictions=predictions)
-    return (
+    text = (
         f"{config.dataset} {config.attention} ({options.split}, {scores['pairs']} pairs): "
         f"accuracy {scores['accuracy']:.2f}%  loss {scores['loss']:.4f}"
     )
+    if options.ewt:
+        report = syntax_report(run_dir)
+        for name in ("model", "right-branching", "left-branching"):
+            r = report[name]
+            text += (
+                f"\nEWT dev UAS ({report['sentences']} sentences), {name}: {r['uas']:.1f}% "
+                f"(without punctuation {r['uas_no_punct']:.1f}%)"
+            )
+    return text
 
 
 def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
