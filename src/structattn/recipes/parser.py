@@ -78,6 +78,9 @@ class ParserConfig:
     embeddings: str = ""  # GloVe-format vectors ("": ../shared/data/glove/glove.6B.50d.10k.txt)
     normalize: bool = True  # unit-normalise the pretrained vectors
     unknown_buckets: int = 100  # words without a vector: one of this many N(0, 1) vectors
+    arc_scale: float = 1.0  # the loss's CRF sees arc_scale * theta (theta is tanh-bounded to
+    # [-1, 1], so 1 keeps the trees flat; MAP trees do not depend on it; a pretrained NLI
+    # layer uses theta unscaled)
     batch_size: int = 32  # sentences per batch
     max_train: int = 0  # use only the first this many training sentences (0: all)
     max_eval: int = 0  # score only the first this many dev / test sentences (0: all)
@@ -92,6 +95,8 @@ class ParserConfig:
         for name in ("hidden_dim", "parser_dim", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        if not self.arc_scale > 0:
+            raise ValueError(f"`arc_scale` must be positive, got {self.arc_scale}")
         if self.max_train < 0 or self.max_eval < 0 or self.unknown_buckets < 0:
             raise ValueError("`max_train`, `max_eval` and `unknown_buckets` must be >= 0")
 
@@ -276,7 +281,7 @@ def train(config: ParserConfig, run_dir: str | Path, resume: bool = False) -> di
 
     def loss(m: nn.Module, batch: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
         ids, lengths, heads = batch
-        scores = m(ids, lengths)  # [B, N+1, N+1]
+        scores = config.arc_scale * m(ids, lengths)  # [B, N+1, N+1]
         if config.loss == "projective":
             crf: Any = DependencyCRF(scores, lengths + 1, multiroot=False)
             heads = projectivize(heads, lengths + 1)
