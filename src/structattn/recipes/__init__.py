@@ -23,6 +23,8 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.nmt",
     "structattn.recipes.mfa",
     "structattn.recipes.prpn",
+    "structattn.recipes.nli",
+    "structattn.recipes.parser",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
