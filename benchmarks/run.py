@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # run as a script or loaded by path: siblings are
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from bound import Rates, bound_seconds, latency_floor_seconds, measure_rates, row_work
 from peers import Adapter, State, adapters_for
 from problems import Problem, brute_chain, brute_tree, make_chain, make_tree
 from timing import peak_memory_bytes, time_interleaved
@@ -113,6 +114,15 @@ class Row:
     times: dict[str, float] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    bound: float | None = None  # lower bound on the time (s) on this machine (bound.py)
+    latency_floor: float | None = None  # steps x one small op's latency (s): peers' floor
+
+    @property
+    def over_bound(self) -> float | None:
+        """ours / the row's lower bound (1 = every element at the peak rate)."""
+        if "ours" not in self.times or not self.bound:
+            return None
+        return self.times["ours"] / self.bound
 
     @property
     def best_peer(self) -> str | None:
@@ -158,6 +168,7 @@ class Results:
     checks: list[Check] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    rates: Rates | None = None  # the machine's measured peak rates (bound.py)
 
     @property
     def failures(self) -> list[Check]:
@@ -176,6 +187,7 @@ class Results:
                 best_peer=r.best_peer,
                 ratio=r.ratio,
                 ratio_of_medians=r.ratio_of_medians,
+                over_bound=r.over_bound,
             )
             for r in self.rows
         ]
@@ -186,6 +198,7 @@ class Results:
             "checks": [asdict(c) for c in self.checks],
             "memory": self.memory,
             "messages": self.messages,
+            "rates": None if self.rates is None else self.rates.as_dict(),
             "failures": len(self.failures),
             "our_failures": len(self.our_failures),
         }
@@ -440,6 +453,10 @@ def run_config(
             "full" if problem.lengths is None else "var",
             "-" if section == "chain" else ("multi" if problem.multiroot else "single"),
         )
+        if results.rates is not None:
+            work = row_work(section, op, problem.full_lengths, problem.num_labels)
+            row.bound = bound_seconds(work, results.rates)
+            row.latency_floor = latency_floor_seconds(work, results.rates)
         row.times = {lib: t.median for lib, t in timings.items()}
         row.samples = {lib: t.samples for lib, t in timings.items()}
         row.skipped = {
@@ -509,7 +526,7 @@ def format_table(results: Results, section: str) -> str:
         return ""
     libs = ["ours"] + sorted({lib for r in rows for lib in (*r.times, *r.skipped) if lib != "ours"})
     head = ["op", "N"] + (["C", "lengths"] if section == "chain" else ["lengths", "root"])
-    head += [f"{lib} ms" for lib in libs] + ["ours/best"]
+    head += [f"{lib} ms" for lib in libs] + ["ours/best", "bound ms", "ours/bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [OP_TITLES[r.op], str(r.size)]
@@ -520,6 +537,8 @@ def format_table(results: Results, section: str) -> str:
             else:
                 cells.append("FAIL" if r.skipped.get(lib) == "FAIL" else "-")
         cells.append("n/a" if r.ratio is None else f"{r.ratio:.2f}")
+        cells.append(_ms(r.bound))
+        cells.append("-" if r.over_bound is None else f"{r.over_bound:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -671,6 +690,13 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
     # supar's ``pad`` indexes with a list of slices (a torch deprecation warning)
     warnings.filterwarnings("ignore", message="Using a non-tuple sequence")
     results = Results(machine_info(), asdict(settings))
+    results.rates = measure_rates(quick=settings.quick)
+    r = results.rates
+    _say(
+        f"peak rates ({settings.threads} threads): logsumexp {r.log_per_s / 1e9:.2f} G elem/s, "
+        f"max-plus {r.max_per_s / 1e9:.2f} G elem/s, bmm {r.mad_per_s / 1e9:.2f} G mad/s; "
+        f"small-op latency {r.latency_s * 1e6:.1f} us (benchmarks/bound.py)"
+    )
     plan: list[tuple[str, list[Adapter], list[Problem]]] = []
     for section in settings.sections:
         adapters, skipped = adapters_for(section)

@@ -171,3 +171,43 @@ def test_a_wrong_peer_is_a_finding_and_only_ours_fails_the_run(capsys) -> None:
     results.checks.append(run.Check("tree", "tiny", "ours (float64)", "brute force", ok, False))
     assert run.exit_status(results) == 1
     assert results.to_json()["our_failures"] == 1
+
+
+def _load_bound() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bound", RUN.parent / "bound.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_eisner_element_count_matches_the_recurrences() -> None:
+    """The closed form of the bound's work equals the count of (span, split point) pairs the
+    four Eisner recurrences visit, enumerated."""
+    bound = _load_bound()
+    for n in range(1, 12):
+        visited = 0
+        for i in range(n):
+            for j in range(i + 1, n):
+                visited += 2 * (j - i)  # incomplete spans, both directions: k in [i, j)
+                visited += 2 * (j - i)  # complete spans, both directions: k in (i, j]
+        assert bound.eisner_elements(n) == visited
+
+
+def test_bound_counts_real_lengths_and_steps() -> None:
+    bound = _load_bound()
+    rates = bound.Rates(log_per_s=1e9, max_per_s=2e9, mad_per_s=1e10, latency_s=1e-7)
+    full = bound.row_work("tree", "logz_fb", torch.tensor([40, 40]))
+    short = bound.row_work("tree", "logz_fb", torch.tensor([40, 20]))
+    assert short.log < full.log and short.steps == full.steps == 2 * 39
+    assert bound.bound_seconds(full, rates) == pytest.approx(full.log / 1e9)
+    tiny = bound.row_work("chain", "marg_fb", torch.tensor([50]), labels=2)
+    assert tiny.log == 4 * 49 * 4 and tiny.steps == 4 * 49
+    assert bound.latency_floor_seconds(tiny, rates) == pytest.approx(tiny.steps * 1e-7)
+    assert bound.row_work("tree", "argmax", torch.tensor([10])).max > 0
+
+
+def test_quick_rows_carry_a_bound(quick_results: dict) -> None:
+    assert quick_results["rates"]["log_per_s"] > 0
+    for row in quick_results["rows"]:
+        assert row["bound"] > 0 and row["over_bound"] > 0

@@ -1,6 +1,7 @@
 """Models assembled from the attention layers (one per paper experiment family)."""
 
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
+from .language_model import LM_CELLS, LanguageModel, RNNLanguageModel, detach_state
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
 from .seq2seq import (
     ATTENTIONS,
@@ -19,18 +20,22 @@ from .seq2seq import (
 __all__ = [
     "ATTENTIONS",
     "ENCODERS",
+    "LM_CELLS",
     "MEMORY_MODELS",
     "SELF_ATTENTION",
     "BeamResult",
     "DecoderState",
     "EncoderOutput",
+    "LanguageModel",
     "MemoryQA",
     "MemoryQAOutput",
+    "RNNLanguageModel",
     "RecurrentEncoder",
     "Seq2Seq",
     "Seq2SeqConfig",
     "StructuredSeq2Seq",
     "beam_search",
+    "detach_state",
     "greedy_search",
     "make_attention",
     "position_encoding",

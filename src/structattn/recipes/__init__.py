@@ -17,6 +17,8 @@ __all__ = ["BUILTIN", "GridAxis", "Preset", "Recipe", "get", "names", "register"
 BUILTIN: tuple[str, ...] = (
     "structattn.recipes.tree_transduction",
     "structattn.recipes.babi",
+    "structattn.recipes.lstmn_lm",
+    "structattn.recipes.nmt",
     "structattn.recipes.mfa",
 )
 

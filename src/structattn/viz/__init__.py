@@ -1,7 +1,8 @@
 """Plots of attention weights, latent structures and results (the figures of the papers).
 
 * :func:`attention_heatmap` -- queries x memory weights (Kim et al. 2017, Figures 3-4);
-  in :mod:`.heatmaps`;
+  :func:`attention_panels` -- several such heatmaps side by side (Figure 4); in
+  :mod:`.heatmaps`;
 * :func:`dependency_arcs` -- a MAP dependency parse as arcs, with other likely arcs
   (:mod:`.arcs`);
 * :func:`fact_chain_graph` -- fact-sequence marginals of :class:`MemoryCRFAttention`
@@ -34,13 +35,14 @@ from ..structs.spanning_tree import maximum_spanning_tree
 from ._common import require_matplotlib
 from .arcs import dependency_arcs
 from .chains import fact_chain_graph
-from .heatmaps import attention_heatmap
+from .heatmaps import attention_heatmap, attention_panels
 from .mean_field import interaction_map
 from .results import depth_curves, grouped_bars, line_curves, training_curves
 from .trees import bracketed_tree
 
 __all__ = [
     "attention_heatmap",
+    "attention_panels",
     "bracketed_tree",
     "depth_curves",
     "dependency_arcs",
