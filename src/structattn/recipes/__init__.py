@@ -20,6 +20,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.lstmn_lm",
     "structattn.recipes.nmt",
     "structattn.recipes.mfa",
+    "structattn.recipes.mfa_lm",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
