@@ -25,6 +25,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.prpn",
     "structattn.recipes.nli",
     "structattn.recipes.parser",
+    "structattn.recipes.mfa_lm",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
