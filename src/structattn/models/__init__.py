@@ -3,8 +3,8 @@
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .language_model import LM_CELLS, LanguageModel, RNNLanguageModel, detach_state
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
-from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
 from .nli import INTRA_ATTENTION, DecomposableAttention, NLIOutput
+from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
 from .seq2seq import (
     ATTENTIONS,
     ENCODERS,
