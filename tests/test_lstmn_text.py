@@ -148,3 +148,24 @@ def test_nli_pairs_config_and_table() -> None:
     summary = nli_summarize(config, [{"test": {"accuracy": 70.0}, "valid": {"accuracy": 71.0}}])
     table = nli_table({(300, "lstmn-deep"): summary})
     assert "LSTMN deep fusion" in table and "85.7" in table and "70.0 +- 0.0 (n=1)" in table
+
+
+def test_nli_first_epoch_trains_only_the_rows_without_a_vector(tmp_path: Path) -> None:
+    from structattn.data.embeddings import build_embedding_matrix, read_word_vectors
+    from structattn.recipes._config import replace_path
+    from structattn.recipes.lstmn_nli import RECIPE as NLI
+    from structattn.recipes.lstmn_nli import load_trained
+    from structattn.recipes.lstmn_nli import train as nli_train
+
+    config = replace_path(NLI.presets["quick"].config, {"train.seed": 3})
+    try:
+        nli_train(config, tmp_path / "run")
+    except FileNotFoundError:  # pragma: no cover - the shared data is missing
+        pytest.skip("SICK or GloVe not found")
+    model, vocab, _ = load_trained(tmp_path / "run")
+    matrix = build_embedding_matrix(vocab, read_word_vectors(None, words=vocab.tokens))
+    weight = model.embedding.embedding.weight.detach()
+    glove = matrix.pretrained
+    assert glove.any() and (~glove[2:]).any()
+    assert torch.equal(weight[glove], matrix.weight[glove])  # frozen in epoch 1
+    assert not torch.allclose(weight[~glove][1:], matrix.weight[~glove][1:])  # <unk>, OOV moved

@@ -390,26 +390,44 @@ class LSTMNCell(nn.Module):
         all_real = bool(mask.all())
         fused = torch.cat([self.summary_gates.weight, self.attn_summary.weight], dim=0)  # [5H, H]
         query_summary = self.attn_summary(state.summary)  # W_h~ h~_{t-1}, [B, H]
-        # the tapes as lists of slots: each step stacks the slots it attends to, so the
-        # backward only splits gradients (no zero-filled gradient of a whole tape per step)
-        tape = list(torch.cat([state.hidden, state.memory], dim=-1).unbind(1))  # N x [B, 2H]
-        keys = list(state.keys.unbind(1))  # N x [B, H]
-        valid = list(state.valid.unbind(1))  # N x [B]
+        # The P starting slots stay one block (read in place: a state carried from the previous
+        # window is detached, so slicing it costs nothing in the backward); the slots written
+        # by this call are lists that each step stacks as far as it attends, so the backward
+        # only splits gradients (no zero-filled gradient of a whole tape per step).
+        old_tape = torch.cat([state.hidden, state.memory], dim=-1)  # [B, P, 2H]
+        old_keys, old_valid = state.keys, state.valid  # [B, P, H], [B, P]
+        start = old_tape.shape[1]  # P
+        tape: list[Tensor] = []  # this call's slots, [B, 2H] each
+        keys: list[Tensor] = []  # [B, H] each
+        valid: list[Tensor] = []  # [B] each
         summary = state.summary  # [B, H]
         score = self.attn_score.weight.squeeze(0)  # v, [H]
-        width = len(tape) + length  # P slots before this call, then T
+        width = start + length  # P slots before this call, then T
         rows, hidden_steps, memory_steps = [], [], []
         for t in range(length):
-            slots = len(tape)
+            slots = start + t
             low = max(0, slots - memory_span) if memory_span is not None else 0
+            low_old, low_new = min(low, start), max(low - start, 0)  # the span in each part
             # a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}) over the attended slots
-            query = x_attn[t] + query_summary  # [B, H]
-            scores = torch.tanh(torch.stack(keys[low:], 1) + query.unsqueeze(1)) @ score  # [B, n]
-            open_slots = torch.stack(valid[low:], 1)  # [B, n]
+            query = (x_attn[t] + query_summary).unsqueeze(1)  # [B, 1, H]
+            parts, opens, values = [], [], []
+            if low_old < start:
+                parts.append(torch.tanh(old_keys[:, low_old:] + query) @ score)  # [B, n_old]
+                opens.append(old_valid[:, low_old:])
+                values.append(old_tape[:, low_old:])
+            if low_new < t:
+                parts.append(torch.tanh(torch.stack(keys[low_new:], 1) + query) @ score)
+                opens.append(torch.stack(valid[low_new:], 1))  # [B, n_new]
+                values.append(torch.stack(tape[low_new:], 1))  # [B, n_new, 2H]
+            scores = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # [B, n]
+            open_slots = opens[0] if len(opens) == 1 else torch.cat(opens, -1)  # [B, n]
             if low > 0:  # slot 0 has left the span: read zero slots if nothing is open
                 open_slots = open_slots | ~open_slots.any(-1, keepdim=True)
             weights = torch.softmax(scores.masked_fill(~open_slots, float("-inf")), dim=-1)
-            read = torch.bmm(weights.unsqueeze(1), torch.stack(tape[low:], 1)).squeeze(1)
+            read = torch.bmm(weights[:, None, : parts[0].shape[1]], values[0])  # [B, 1, 2H]
+            if len(values) == 2:
+                read = read + torch.bmm(weights[:, None, parts[0].shape[1] :], values[1])
+            read = read.squeeze(1)
             h_sum, c_sum = read[:, :h], read[:, h:]  # h~_t, c~_t [B, H]
             projected = h_sum @ fused.t()  # [B, 5H]: gates part, next query part
             gates = x_gates[t] + projected[:, : 4 * h]  # [B, 4H]
@@ -421,8 +439,9 @@ class LSTMNCell(nn.Module):
             if all_real:
                 query_summary = projected[:, 4 * h :]
                 summary = h_sum
-                valid[0] = valid[0] & False  # a real step closes slot 0
-                valid.append(~valid[0])
+                if t == 0:  # a real step closes slot 0
+                    old_valid = torch.cat([old_valid[:, :1] & False, old_valid[:, 1:]], 1)
+                valid.append(mask[:, t])
             else:
                 keep = mask[:, t].unsqueeze(-1)  # [B, 1]
                 hidden = hidden.masked_fill(~keep, 0.0)
@@ -430,7 +449,7 @@ class LSTMNCell(nn.Module):
                 weights = weights.masked_fill(~keep, 0.0)
                 query_summary = torch.where(keep, projected[:, 4 * h :], query_summary)
                 summary = torch.where(keep, h_sum, summary)
-                valid[0] = valid[0] & ~mask[:, t]
+                old_valid = torch.cat([old_valid[:, :1] & ~keep, old_valid[:, 1:]], 1)
                 valid.append(mask[:, t])
             tape.append(torch.cat([hidden, memory], -1))  # [B, 2H]
             keys.append(self.attn_hidden(hidden))  # W_h h_t [B, H]
@@ -446,18 +465,21 @@ class LSTMNCell(nn.Module):
             out_hidden = out_memory = inputs.new_zeros(batch, 0, h)
         if fresh:
             attention = attention[:, :, 1:]  # drop slot 0: [B, T, T]
-        if memory_span is not None and len(tape) > memory_span + 1:
+        all_tape = torch.cat([old_tape, *(x.unsqueeze(1) for x in tape)], 1)  # [B, P + T, 2H]
+        all_keys = torch.cat([old_keys, *(x.unsqueeze(1) for x in keys)], 1)  # [B, P + T, H]
+        all_valid = torch.cat([old_valid, *(x.unsqueeze(1) for x in valid)], 1)  # [B, P + T]
+        if memory_span is not None and all_tape.shape[1] > memory_span + 1:
             # keep slot 0 (the zero slot, open until the first real step) and the last
             # `memory_span` slots, so slot 0 stays the zero slot in the carried state
-            tape, keys, valid = (
-                [x[0], *x[-memory_span:]] for x in (tape, keys, valid)
-            )  # fmt: skip
-        stacked = torch.stack(tape, 1)  # [B, N', 2H]
+            kept = torch.cat(
+                [torch.zeros(1, dtype=torch.long), torch.arange(-memory_span, 0) + width]
+            ).to(all_tape.device)
+            all_tape, all_keys, all_valid = all_tape[:, kept], all_keys[:, kept], all_valid[:, kept]
         final = LSTMNState(
-            hidden=stacked[..., :h],
-            memory=stacked[..., h:],
-            keys=torch.stack(keys, 1),
-            valid=torch.stack(valid, 1),
+            hidden=all_tape[..., :h],
+            memory=all_tape[..., h:],
+            keys=all_keys,
+            valid=all_valid,
             summary=summary,
         )
         return LSTMNOutput(out_hidden, out_memory, attention, final)

@@ -13,7 +13,8 @@ a GloVe vector is scaled by 0.35 in the first epoch, as in the paper. Each cell 
 them, and the run best on validation.
 
 ``phrases`` (default False) also trains on every labelled phrase of the training trees (the
-paper does not say; the phrase set is ~20x larger, hence the default on a CPU).
+paper does not say; the phrase set is 37x larger for fine-grained, 318,582 nodes, and 98,794
+non-neutral ones for binary, hence the default on a CPU).
 """
 
 from __future__ import annotations
