@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> None:
             if round_:
                 times[variant].append(time.perf_counter() - started)
     simple = statistics.median(times["simple"])
-    print(f"{args.source}, hidden {args.hidden}, batch {args.batch}, {args.batches} batches "
-          f"({tokens} target tokens), {args.threads} thread(s), median of {args.rounds} rounds")  # fmt: skip
+    print(
+        f"{args.source}, hidden {args.hidden}, batch {args.batch}, {args.batches} batches "
+        f"({tokens} target tokens), {args.threads} thread(s), median of {args.rounds} rounds"
+    )
     for variant in nmt.VARIANTS:
         median = statistics.median(times[variant])
         print(f"{variant:>10}: {1000 * median / args.batches:7.1f} ms/step  "
