@@ -161,8 +161,8 @@ def tree_transduction(quick: bool, count: int) -> Comparison:
         calls["structured"],
         calls["simple"],
         count,
-        f"l = {config.dim}, batch {config.batch_size}, source lengths "
-        f"{min(lengths)}-{max(lengths)}, {config.train.optimizer.upper()}",
+        f"l = {config.dim}, batch {config.batch_size}, longest source per batch "
+        f"{min(lengths)}-{max(lengths)} tokens, {config.train.optimizer.upper()}",
     )
 
 
@@ -189,8 +189,9 @@ def nmt(quick: bool, count: int) -> Comparison:
         calls["structured"],
         calls["simple"],
         count,
-        f"{config.layers} x {config.hidden_dim} LSTMs, batch {config.batch_size}, source "
-        f"{min(sources)}-{max(sources)} chars, target {min(targets)}-{max(targets)} tokens",
+        f"{config.layers} x {config.hidden_dim} LSTMs, batch {config.batch_size}, longest "
+        f"source per batch {min(sources)}-{max(sources)} chars, target "
+        f"{min(targets)}-{max(targets)} tokens",
     )
 
 
@@ -229,7 +230,7 @@ def nli(quick: bool, count: int) -> Comparison:
         calls["simple"],
         count,
         f"{config.dataset}, hidden {config.hidden_dim}, parser {config.parser_dim}, batch "
-        f"{size}, premises up to {min(lengths)}-{max(lengths)} words",
+        f"{size}, longest premise per batch {min(lengths)}-{max(lengths)} words",
     )
 
 
@@ -257,7 +258,7 @@ def mfa(quick: bool, count: int) -> Comparison:
         calls["simple"],
         count,
         f"hidden {config.hidden_dim}, attention {config.attention_dim}, batch "
-        f"{config.batch_size}, lengths up to {min(lengths)}-{max(lengths)}",
+        f"{config.batch_size}, longest input per batch {min(lengths)}-{max(lengths)}",
     )
 
 
