@@ -92,3 +92,10 @@ def test_training_call_is_fits_step() -> None:
     assert torch.isclose(total, torch.tensor(-5.0))
     assert seen[0] is None and isinstance(seen[1], torch.Tensor)
     assert not seen[1].requires_grad
+
+
+def test_only_takes_the_row_names() -> None:
+    module = _load()
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--only", "no-such-recipe"])
+    assert stop.value.code == 2
