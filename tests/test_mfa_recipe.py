@@ -218,3 +218,16 @@ def test_mean_field_lm_windows_and_causality() -> None:
         later, _ = lm(changed, lm.initial_state(2, cpu))
         torch.testing.assert_close(later[:, :6], full[:, :6])
         assert not torch.allclose(later[:, 6:], full[:, 6:])
+
+
+def test_mfa_lm_config_and_models() -> None:
+    from structattn.models.mean_field_lm import MeanFieldLanguageModel
+    from structattn.recipes import mfa_lm
+
+    config = mfa_lm.MFALMConfig(corpus="wikitext-2")
+    assert config.lm.corpus == "wikitext-2" and mfa_lm.RECIPE.cell(config) == "wikitext-2/mfa"
+    assert isinstance(mfa_lm.build_model(config, 50), MeanFieldLanguageModel)
+    lstm = mfa_lm.build_model(replace_path(config, {"model": "lstm"}), 50)
+    assert not isinstance(lstm, MeanFieldLanguageModel)
+    with pytest.raises(ValueError, match="model"):
+        mfa_lm.MFALMConfig(model="gru")

@@ -22,6 +22,10 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.lstmn_nli",
     "structattn.recipes.nmt",
     "structattn.recipes.mfa",
+    "structattn.recipes.prpn",
+    "structattn.recipes.nli",
+    "structattn.recipes.parser",
+    "structattn.recipes.mfa_lm",
 )
 
 _REGISTRY: dict[str, Recipe] = {}
