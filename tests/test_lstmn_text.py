@@ -44,6 +44,13 @@ def test_sst_counts_on_the_real_files() -> None:
     assert [len(cut[s]) for s in ("train", "valid", "test")] == [7, 3, 3]
 
 
+@needs_sst
+@pytest.mark.slow
+def test_sst_phrase_training_set() -> None:
+    phrases = load_splits(LSTMNSSTConfig(task="fine", phrases=True))
+    assert len(phrases["train"]) == 318582 and len(phrases["valid"]) == 1101  # train only
+
+
 def test_padding_does_not_change_an_item() -> None:
     torch.manual_seed(0)
     tokens = torch.randint(2, 30, (3, 7))

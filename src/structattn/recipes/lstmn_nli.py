@@ -12,11 +12,12 @@ and 300 (``paper`` preset: also 450).
 Data as the SAN NLI recipe (``nli``): ``sick`` (SICK TRAIN / TRIAL / TEST; the default) and
 ``snli-small`` (SNLI 1.0 dev as training data with 10% held out for validation, SNLI test;
 the SNLI training set is not available here, so the numbers are not comparable with the
-paper's SNLI table), read by :mod:`structattn.data.classification`. Embeddings: GloVe
-(:mod:`structattn.data.embeddings`, the shipped 6B 50-d file by default, ``--embeddings
-PATH``), words without a vector start from hashed N(0, 1) vectors; as in the paper only those
-rows are updated in the first epoch, then every embedding. Each cell trains ``runs`` seeds
-(mean and spread in the table). ``viz`` draws the inter-attention of one test pair.
+paper's SNLI table), read by the ``nli`` recipe's :func:`~structattn.recipes.nli.load_data`.
+Embeddings: GloVe (:mod:`structattn.data.embeddings`, the shipped 6B 50-d file by default,
+``--embeddings PATH``), words without a vector start from hashed N(0, 1) vectors; as in the
+paper only those rows are updated in the first epoch, then every embedding. Each cell trains
+``runs`` seeds (mean and spread in the table). ``viz`` draws the inter-attention of one test
+pair.
 """
 
 from __future__ import annotations
@@ -34,16 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data._files import shared_data_dir
 from ..data.classification import (
     NLI_LABELS,
     ClassificationExample,
     LabelVocabulary,
     WordVocabulary,
     make_batches,
-    read_sick,
-    read_snli,
-    split_holdout,
 )
 from ..data.embeddings import build_embedding_matrix, read_word_vectors
 from ..models.lstmn_text import PAIR_MODELS, PairClassifier
@@ -51,6 +48,7 @@ from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, markdown_table
+from .nli import NLIConfig, load_data
 
 __all__ = [
     "PAPER_TABLE3",
@@ -123,26 +121,19 @@ class LSTMNNLIConfig:
 
 # ---- data -----------------------------------------------------------------------------------
 def load_pairs(config: LSTMNNLIConfig) -> dict[str, list[ClassificationExample]]:
-    """``{"train", "valid", "test"}`` pairs with the SAN NLI recipe's splits (cut to the
-    sizes)."""
-    if config.dataset == "sick":
-        folder = Path(config.data_dir) if config.data_dir else shared_data_dir("sick", what="SICK")
-        splits = read_sick(folder / "SICK.txt")
-    else:
-        folder = (
-            Path(config.data_dir)
-            if config.data_dir
-            else shared_data_dir("snli_devtest", what="SNLI dev/test")
+    """``{"train", "valid", "test"}`` pairs: the SAN NLI recipe's splits
+    (:func:`structattn.recipes.nli.load_data`), validation and test cut to ``max_eval``."""
+    splits = load_data(
+        NLIConfig(
+            dataset=config.dataset,
+            data_dir=config.data_dir,
+            max_train=config.max_train,
+            valid_fraction=config.valid_fraction,
         )
-        train, valid = split_holdout(read_snli(folder, "dev"), config.valid_fraction)
-        splits = {"train": train, "valid": valid, "test": read_snli(folder, "test")}
-    if config.max_train:
-        splits["train"] = splits["train"][: config.max_train]
+    )
     if config.max_eval:
         splits["valid"] = splits["valid"][: config.max_eval]
         splits["test"] = splits["test"][: config.max_eval]
-    if not all(splits.get(s) for s in ("train", "valid", "test")):
-        raise ValueError(f"{config.dataset}: a split has no pairs")
     return splits
 
 
