@@ -92,7 +92,7 @@ def test_tiny_model_learns_a_tiny_corpus(gate: str) -> None:
     )
     stream = torch.tensor([[1, 2, 3, 4, 5, 6] * 6, [3, 4, 5, 6, 1, 2] * 6])  # [2, 36]
     optim = torch.optim.Adam(model.parameters(), lr=0.03)
-    for _ in range(60):
+    for _ in range(25):
         state = None
         for start in range(0, 30, 10):
             window = stream[:, start : start + 11]

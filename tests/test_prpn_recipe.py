@@ -57,3 +57,19 @@ def test_build_model_variants() -> None:
     assert not isinstance(lstm, PRPNLanguageModel)
     with pytest.raises(ValueError, match="model"):
         PRPNRecipeConfig(model="gru")  # type: ignore[arg-type]
+
+
+def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """train quick -> eval --task parse --sentences FILE prints one bracketed tree per line."""
+    from structattn.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "prpn", "--preset", "quick", "--out", str(run)]) == 0
+    text = tmp_path / "s.txt"
+    text.write_text("the cat sat on the mat\n\nit costs 61 dollars\n")
+    capsys.readouterr()
+    checkpoint = next(p.parent for p in run.rglob("model.pt"))
+    args = ["eval", "prpn", "--checkpoint", str(checkpoint), "--task", "parse"]
+    assert main([*args, "--sentences", str(text)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("(")]
+    assert len(lines) == 2 and "61" in lines[1] and lines[0].count("(") == 5  # 6 words

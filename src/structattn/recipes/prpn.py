@@ -29,8 +29,10 @@ with its own 10k vocabulary).
 
 ``structattn eval prpn RUN --task parse --predictions P.jsonl`` writes one line per WSJ10
 sentence (``index, file, tree_index, words, gold_spans, predicted_spans, predicted_tree``)
-and prints the UF1s; ``viz`` draws induced trees (gold brackets in the title) and the
-distances as bars.
+and prints the UF1s; ``--task parse --sentences FILE`` (``-`` = stdin) parses plain
+sentences, one per line, to bracketed trees (the words normalised as the gold trees'; strip
+punctuation first, the model never saw any); ``viz`` draws induced trees (gold brackets in
+the title) and the distances as bars.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from ..data.treebank import (
     binarised_spans,
     branching_spans,
     load_treebank,
+    normalise_word,
     random_spans,
 )
 from ..metrics import bracket_f1
@@ -311,6 +314,11 @@ class PRPNEvalOptions(LMEvalOptions):
     """``structattn eval prpn``'s own flags."""
 
     task: Literal["lm", "parse"] = "lm"  # perplexity of a split, or the WSJ10 parse
+    sentences: str | None = field(
+        default=None,
+        metadata={"help": "--task parse: parse these plain sentences instead (a file, one per "
+                  "line, or - for stdin)"},
+    )  # fmt: skip
 
 
 def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: Path | None) -> str:
@@ -318,6 +326,8 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
     if options.task == "lm":
         return PARTS.evaluate(run_dir, options, device, predictions)
     model, config = PARTS.load(run_dir, device)
+    if options.sentences is not None:
+        return "\n".join(parse_text(model, config, options.sentences))
     result = parse_evaluation(model, config, predictions)
     if result is None:
         raise ValueError(f"{run_dir}: a {config.model} model has no parsing network to parse with")
@@ -327,6 +337,24 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
         f" without the sentence span, {result['uf1_sentence_root']:.1f} / "
         f"{result['uf1_corpus_root']:.1f} with it"
     )
+
+
+def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[str]:
+    """Bracketed SPLIT trees of plain sentences (whitespace-tokenised, one per line; ``-`` =
+    stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        raise ValueError("this model has no parsing network to parse with")
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{source}: no sentences to parse")
+    vocab = load_corpus(config.lm).vocab
+    words = [[normalise_word(w) for w in line] for line in lines]
+    parsed = parse_sentences(model, words, vocab.encode)
+    return [
+        tree_to_brackets(_relabel(tree, line))
+        for line, (_, tree) in zip(lines, parsed, strict=True)
+    ]
 
 
 # ---- tables -----------------------------------------------------------------------------------
