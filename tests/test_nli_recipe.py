@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from structattn.cli import main
 from structattn.data.conllu import parse_conllu, read_conllu
 from structattn.models.nli import DecomposableAttention
 from structattn.recipes import nli, parser, runs
@@ -62,6 +63,16 @@ def test_every_variant_forward_backward_and_padding(intra: str) -> None:
         # every word has one (soft) parent: the columns of the real words sum to 1
         sums = out.premise_marginals[1, :, 1:4].sum(0)
         torch.testing.assert_close(sums, torch.ones(3), atol=1e-5, rtol=0)
+
+
+def test_soft_children_widen_the_inputs() -> None:
+    model = DecomposableAttention(torch.randn(20, 5), hidden_dim=8, intra="structured",
+                                  parser_dim=4, children=True)  # fmt: skip
+    p, pm, h, hm = _inputs()
+    x, _ = model.represent(p, pm)
+    assert x.shape == (3, 6, 24) and model(p, pm, h, hm).logits.shape == (3, 3)
+    with pytest.raises(ValueError, match="children"):
+        DecomposableAttention(torch.randn(20, 5), intra="simple", children=True)
 
 
 def test_structured_and_simple_weights_differ() -> None:
@@ -191,6 +202,14 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     run = tmp_path / "parser"
     runs.train_cell(parser.RECIPE, parser_config, run)
     trained, _, _ = parser.load_trained(run)
+    # eval parser on any CoNLL-U file: predicted HEADs written, everything else kept
+    tree = _write_tree(tmp_path)
+    out = tmp_path / "pred.conllu"
+    assert main(["--threads", "1", "eval", "parser", "--checkpoint", str(run), "--conllu",
+                 str(tree), "--predictions", str(out)]) == 0  # fmt: skip
+    (predicted,) = read_conllu(out)
+    assert predicted.words == ("a", "b", "c", "d") and predicted.lines[0] == "# sent_id = x"
+    assert predicted.lines[3].startswith("2-3\tbc") and predicted.heads is not None
     base = replace_path(nli.RECIPE.presets["quick"].config, {"max_train": 16, "parser": str(run)})
     # the pretrained variant starts from the parser's projection and arc scorer
     config = replace_path(base, {"attention": "pretrained"})

@@ -647,12 +647,19 @@ def branching_heads(length: int, direction: Literal["left", "right"]) -> list[in
     return list(range(length))
 
 
-def syntax_report(checkpoint: str | Path, ewt_dir: str = "", split: str = "dev") -> dict[str, Any]:
+def syntax_report(
+    checkpoint: str | Path, ewt_dir: str = "", split: str = "dev", initial: bool = False
+) -> dict[str, Any]:
     """UAS (%, punctuation included and excluded) of the model's induced trees against the
-    gold trees of EWT ``split``, beside right- and left-branching chains."""
+    gold trees of EWT ``split``, beside right- and left-branching chains. ``initial``: the
+    pretrained variant's layer before NLI training (the parser run's weights)."""
     from ..data.conllu import attachment_scores, default_ud_data_dir, read_conllu
 
     model, _, config = load_trained(checkpoint)
+    if initial:
+        if config.attention != "pretrained":
+            raise ValueError("`initial` needs a pretrained run")
+        load_pretrained_parser(model, config)
     folder = Path(ewt_dir) if ewt_dir else default_ud_data_dir()
     sentences = read_conllu(folder / f"en_ewt-ud-{split}.conllu")
     sentences = [s for s in sentences if len(s) > 0]
@@ -674,6 +681,7 @@ class EvalOptions:
     split: Literal["train", "valid", "test"] = "test"  # the split to score
     data_dir: str | None = field(default=None, metadata={"help": "default: the run's"})
     ewt: bool = False  # also: UAS of the induced trees on EWT dev (structured / simple models)
+    initial: bool = False  # with --ewt on a pretrained run: its layer before NLI training
 
 
 def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Path | None) -> str:
@@ -689,7 +697,7 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
         f"accuracy {scores['accuracy']:.2f}%  loss {scores['loss']:.4f}"
     )
     if options.ewt:
-        report = syntax_report(run_dir)
+        report = syntax_report(run_dir, initial=options.initial)
         for name in ("model", "right-branching", "left-branching"):
             r = report[name]
             text += (
