@@ -141,6 +141,20 @@ def test_transformer_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(math.isfinite(r) and r > 0 for r in ratios.values())
 
 
+def test_mfa_step_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/mfa_step.py --quick`` prints one finite ratio per model (softmax = 1)."""
+    module = _load_script("mfa_step.py")
+    threads = torch.get_num_threads()
+    try:
+        assert module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = capsys.readouterr().out.splitlines()[2:]
+    ratios = {line.split()[0]: float(line.split()[-1]) for line in rows}
+    assert set(ratios) == set(module.CONFIGS) and ratios["attention"] == 1.0
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+
+
 def test_a_wrong_peer_is_a_finding_and_only_ours_fails_the_run(capsys) -> None:
     """#22.3: `make bench` exited 1 because torch-struct and supar disagreed with float64 at
     N = 200, C = 2 while ours passed; only a failed check of ours sets the exit status."""

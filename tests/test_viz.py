@@ -380,12 +380,14 @@ def _some_run(tmp_path: Path) -> Path:
 
 _DRAWING_CALLS: dict[str, Callable[[Path], Any]] = {
     "attention_heatmap": lambda d: viz.attention_heatmap([[1.0]], None, None, d / "x.png"),
+    "attention_panels": lambda d: viz.attention_panels([("a", [[1.0]], ["r"])], None, d / "x"),
     "dependency_arcs": lambda d: viz.dependency_arcs([-1, 0], ["$", "a"], d / "x.png"),
     "fact_chain_graph": lambda d: viz.fact_chain_graph([[1.0]], np.zeros((0, 1, 1)), d / "x"),
     "bracketed_tree": lambda d: viz.bracketed_tree((0, 1), d / "x.png"),
     "interaction_map": lambda d: viz.interaction_map([[0.0]], None, d / "x.png"),
     "depth_curves": lambda d: viz.depth_curves({"a": {1: 50.0}}, d / "x.png"),
     "grouped_bars": lambda d: viz.grouped_bars(["t"], {"a": [1.0]}, d / "x.png"),
+    "line_curves": lambda d: viz.line_curves({"a": {1: 1.0}}, d / "x.png", "x", "y"),
     "training_curves": lambda d: viz.training_curves(_some_run(d), d / "x.png"),
     "require_matplotlib": lambda d: viz.require_matplotlib(),
 }
@@ -664,3 +666,12 @@ def test_training_curves_of_runs_written_by_fit(tmp_path: Path, drawn: _Drawn) -
     assert drawn.xlabels[-1]["validation metric"] == "epoch"
     viz.training_curves([run("c", 0.01, eval_every=1)], tmp_path / "steps.png")
     assert drawn.xlabels[-1]["validation metric"] == "step"
+
+
+def test_line_curves_writes_a_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    series = {"lstm": {n: float(n) for n in range(1, 60)}, "mfa": {1: 2.0, 2: 1.0}}
+    path = viz.line_curves(series, tmp_path / "c.png", "length", "MSE", "t", log_y=True)
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="at least one"):
+        viz.line_curves({}, tmp_path / "d.png", "x", "y")

@@ -10,6 +10,7 @@ from .memory_crf import MemoryCRFAttention, MemoryCRFOutput
 from .multihead import StructuredMultiheadAttention
 from .scorers import BilinearScorer, DotScorer, MLPScorer, Scorer, make_scorer
 from .syntactic import BiLSTMArcScorer, SyntacticAttention, SyntacticAttentionOutput
+from .variational import VariationalAttention, VariationalAttentionOutput
 
 __all__ = [
     "AttentionOutput",
@@ -28,5 +29,7 @@ __all__ = [
     "StructuredMultiheadAttention",
     "SyntacticAttention",
     "SyntacticAttentionOutput",
+    "VariationalAttention",
+    "VariationalAttentionOutput",
     "make_scorer",
 ]

@@ -78,7 +78,8 @@ class MeanFieldAttention(nn.Module):
         unary = self.unary_out(torch.tanh(hidden)).squeeze(-1)  # [B, Q, N]
         a = self.pair_memory(memory)  # [B, N, r]
         gate = self.pair_query(query)  # [B, Q, r]
-        coupling = torch.einsum("bir,bqr,bjr->bqij", a, gate, a) / math.sqrt(self.rank)
+        scaled = a.unsqueeze(1) * (gate / math.sqrt(self.rank)).unsqueeze(2)  # [B, Q, N, r]
+        coupling = torch.matmul(scaled, a.transpose(1, 2).unsqueeze(1))  # [B, Q, N, N]
         n = memory.shape[1]
         keep = mask.unsqueeze(-1) & mask.unsqueeze(-2)  # [B, N, N]
         keep = keep & ~torch.eye(n, dtype=torch.bool, device=memory.device)

@@ -8,6 +8,11 @@ on malformed input.
   SNLI, SST), padded length-bucketed batches.
 - :mod:`~structattn.data.conllu`: CoNLL-U treebanks (UD English-EWT), UAS / LAS,
   projectivity.
+- :mod:`~structattn.data.embeddings`: GloVe-format word vectors, embedding matrices with
+  coverage counts and hashed Gaussian vectors for unknown words (imports torch, so it is not
+  re-exported here).
+- :mod:`~structattn.data.parallel`: line-aligned parallel corpora (small_parallel_enja),
+  character or word sources, length filters, translation vocabularies.
 
 Metrics shared across tasks (accuracy, confusion matrix, perplexity) are in
 :mod:`structattn.metrics`.

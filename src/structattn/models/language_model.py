@@ -26,7 +26,8 @@ The interface (what :mod:`structattn.recipes._lm` trains and evaluates)::
 
 Models here: :class:`RNNLanguageModel` (Elman RNN with tanh, or LSTM; ``n`` layers, dropout
 on the embeddings, between layers and on the output, optional tied input / output
-embeddings), the baselines of Table 1 of Cheng et al. (2016) and of PRPN.
+embeddings), the baselines of Table 1 of Cheng et al. (2016) and of PRPN, and
+:class:`LSTMNLanguageModel` (a stacked LSTMN whose tapes span the windows of a stream).
 
 >>> model = RNNLanguageModel(vocab_size=11, embed_size=4, hidden_size=4, cell="lstm")
 >>> state = model.initial_state(2, torch.device("cpu"))
@@ -42,7 +43,15 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LM_CELLS", "LanguageModel", "RNNLanguageModel", "detach_state"]
+from ..nn.lstmn import LSTMN, LSTMNCell, LSTMNStackOutput, LSTMNState
+
+__all__ = [
+    "LM_CELLS",
+    "LSTMNLanguageModel",
+    "LanguageModel",
+    "RNNLanguageModel",
+    "detach_state",
+]
 
 LM_CELLS = ("rnn", "lstm")
 """Recurrent cells of :class:`RNNLanguageModel`."""
@@ -173,3 +182,82 @@ class RNNLanguageModel(nn.Module):
             outputs, h = self.rnn(embedded, state[0])
             new_state = (h,)
         return self.output(self.dropout(outputs)), new_state  # [B, T, V]
+
+
+class LSTMNLanguageModel(nn.Module):
+    """Embedding -> ``num_layers`` stacked LSTMN (:class:`~structattn.nn.LSTMN`) -> softmax layer.
+
+    The tapes span the windows of a stream: the state carries every layer's last
+    ``memory_span`` slots (detached between windows by the caller, so gradients stop at the
+    window boundary while attention reaches back up to ``memory_span`` tokens), and each
+    step attends to at most the last ``memory_span`` tokens (Cheng et al.: the memory grows
+    "until an upper bound of the memory span is reached"). Dropout as in
+    :class:`RNNLanguageModel`; ``skip_connections`` feeds the embeddings to every layer.
+
+    State: one plain tuple per layer, bottom first, of the :class:`~structattn.nn.LSTMNState`
+    fields ``(hidden [B, N, H], memory [B, N, H], keys [B, N, H], valid [B, N], summary
+    [B, H])`` with ``N <= memory_span + 1`` slots.
+
+    Shapes: ``inputs`` [B, T] -> logits [B, T, V].
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        memory_span: int = 35,
+        dropout: float = 0.0,
+        skip_connections: bool = False,
+        tie_weights: bool = False,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = _positive("vocab_size", vocab_size)
+        self.memory_span = _positive("memory_span", memory_span)
+        if not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}")
+        if tie_weights and hidden_size != embed_size:
+            raise ValueError(
+                f"tied weights need hidden_size == embed_size, got {hidden_size} and {embed_size}"
+            )
+        self.embedding = nn.Embedding(vocab_size, _positive("embed_size", embed_size))
+        self.lstmn = LSTMN(embed_size, hidden_size, num_layers, dropout, skip_connections)
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Linear(hidden_size, vocab_size)
+        if tie_weights:
+            self.output.weight = self.embedding.weight
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        if not tie_weights:
+            nn.init.uniform_(self.output.weight, -0.1, 0.1)
+        nn.init.zeros_(self.output.bias)
+
+    def initial_state(self, batch: int, device: torch.device) -> tuple[tuple[Tensor, ...], ...]:
+        """Every layer's :meth:`~structattn.nn.LSTMNCell.initial_state` as plain tuples."""
+        dtype = self.output.weight.dtype
+        cells = [layer for layer in self.lstmn.layers if isinstance(layer, LSTMNCell)]
+        return tuple(tuple(cell.initial_state(batch, device, dtype)) for cell in cells)
+
+    def read(
+        self, inputs: Tensor, state: tuple[tuple[Tensor, ...], ...] | None = None
+    ) -> tuple[Tensor, tuple[tuple[Tensor, ...], ...], LSTMNStackOutput]:
+        """:meth:`forward` that also returns the stack's output (its attention:
+        ``layer_attention`` [B, L, T, T] from a fresh ``state=None``)."""
+        if inputs.dim() != 2 or inputs.dtype != torch.long:
+            raise ValueError(
+                f"`inputs` must be a LongTensor [B, T], got {inputs.dtype} {tuple(inputs.shape)}"
+            )
+        layers = None if state is None else [LSTMNState(*layer) for layer in state]
+        if layers is not None and len(layers) != len(self.lstmn.layers):
+            raise ValueError(f"`state` must hold {len(self.lstmn.layers)} layer states")
+        embedded = self.dropout(self.embedding(inputs))  # [B, T, E]
+        out = self.lstmn(embedded, state=layers, memory_span=self.memory_span)
+        logits = self.output(self.dropout(out.hidden))  # [B, T, V]
+        return logits, tuple(tuple(layer) for layer in out.final_state), out
+
+    def forward(
+        self, inputs: Tensor, state: tuple[tuple[Tensor, ...], ...]
+    ) -> tuple[Tensor, tuple[tuple[Tensor, ...], ...]]:
+        """``inputs`` [B, T] ids and the state -> (logits [B, T, V], new state)."""
+        logits, new_state, _ = self.read(inputs, state)
+        return logits, new_state

@@ -75,13 +75,19 @@ def mean_field_marginals(
     mask = _check(unary, pairwise, mask)
     keep = mask.to(unary.dtype)  # [B, N]
     coupling = pairwise * (keep.unsqueeze(-1) * keep.unsqueeze(-2))  # [B, N, N], masked rows/cols 0
-    spins = torch.sigmoid(unary) * keep
+    # masked columns of J are 0, so the spins of masked positions never reach the real ones:
+    # they are zeroed once per returned iterate, not inside the loop. J s is a broadcast
+    # product and a sum (a batched bmm of [N, N] x [N, 1] loops over the batch on the CPU)
+    spins = torch.sigmoid(unary)  # [B, N]
     trajectory = [spins]
     for _ in range(iterations):
-        chi = unary + torch.bmm(coupling, spins.unsqueeze(-1)).squeeze(-1)  # [B, N]
-        spins = torch.sigmoid(chi) * keep
-        trajectory.append(spins)
-    return torch.stack(trajectory) if return_trajectory else spins
+        chi = unary + (coupling * spins.unsqueeze(-2)).sum(-1)  # [B, N] phi + J s
+        spins = torch.sigmoid(chi)
+        if return_trajectory:
+            trajectory.append(spins)
+    if return_trajectory:
+        return torch.stack(trajectory) * keep  # [k + 1, B, N]
+    return spins * keep
 
 
 def mean_field_free_energy(

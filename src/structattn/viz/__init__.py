@@ -1,7 +1,8 @@
 """Plots of attention weights, latent structures and results (the figures of the papers).
 
 * :func:`attention_heatmap` -- queries x memory weights (Kim et al. 2017, Figures 3-4);
-  in :mod:`.heatmaps`;
+  :func:`attention_panels` -- several such heatmaps side by side (Figure 4); in
+  :mod:`.heatmaps`;
 * :func:`dependency_arcs` -- a MAP dependency parse as arcs, with other likely arcs
   (:mod:`.arcs`);
 * :func:`fact_chain_graph` -- fact-sequence marginals of :class:`MemoryCRFAttention`
@@ -10,7 +11,8 @@
   :mod:`.trees`);
 * :func:`interaction_map` -- mean-field interactions J and their maximum-|J| spanning tree
   (Liu et al., section 3.3; :mod:`.mean_field`);
-* :func:`depth_curves`, :func:`grouped_bars` -- our results beside the paper's, and
+* :func:`depth_curves`, :func:`grouped_bars` -- our results beside the paper's,
+  :func:`line_curves` -- any metric against lengths or iterations, and
   :func:`training_curves` -- loss, learning rate and validation metrics of one or more
   runs from their ``metrics.jsonl`` (:mod:`.results`);
 * :func:`require_matplotlib` -- fail fast, before long work, when plots cannot be drawn;
@@ -33,19 +35,21 @@ from ..structs.spanning_tree import maximum_spanning_tree
 from ._common import require_matplotlib
 from .arcs import dependency_arcs
 from .chains import fact_chain_graph
-from .heatmaps import attention_heatmap
+from .heatmaps import attention_heatmap, attention_panels
 from .mean_field import interaction_map
-from .results import depth_curves, grouped_bars, training_curves
+from .results import depth_curves, grouped_bars, line_curves, training_curves
 from .trees import bracketed_tree
 
 __all__ = [
     "attention_heatmap",
+    "attention_panels",
     "bracketed_tree",
     "depth_curves",
     "dependency_arcs",
     "fact_chain_graph",
     "grouped_bars",
     "interaction_map",
+    "line_curves",
     "maximum_spanning_tree",
     "require_matplotlib",
     "training_curves",

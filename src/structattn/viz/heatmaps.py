@@ -23,7 +23,7 @@ from ._common import (
     _text_inches,
 )
 
-__all__ = ["attention_heatmap"]
+__all__ = ["attention_heatmap", "attention_panels"]
 
 
 def attention_heatmap(
@@ -109,4 +109,74 @@ def attention_heatmap(
         colorbar.outline.set_visible(False)
         if title:
             ax.set_title(title)
+        return _save(fig, out, fmt)
+
+
+def attention_panels(
+    panels: Sequence[tuple[str, ArrayLike, Sequence[object]]],
+    col_labels: Sequence[object] | None,
+    path: str | Path,
+    title: str | None = None,
+    *,
+    cmap: str = "Blues",
+    vmax: float | None = 1.0,
+) -> Path:
+    """Several attention heatmaps side by side over the same memory (Figure 4 of Kim et al.
+    2017: simple, sigmoid and structured attention over one source sentence).
+
+    Args:
+        panels: ``(panel title, weights [Q_k, N], Q_k row labels)`` per panel; the panels
+            may have different rows (e.g. each model's own decoded target words) but all
+            have the N columns.
+        col_labels: N labels of the memory positions; None for 0..N-1.
+        path: output file (PNG unless the suffix says ``.pdf``/``.svg``); folders are made.
+        title: figure title.
+        cmap: matplotlib colormap name.
+        vmax: top of the shared colour scale (default 1; None: the largest weight).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if there are no panels, a panel is not 2-d and finite, or the labels do
+            not match it.
+    """
+    if not panels:
+        raise ValueError("`panels` must hold at least one (title, weights, row labels)")
+    arrays = [_as_array(w, f"panels[{k}] weights", 2) for k, (_, w, _) in enumerate(panels)]
+    n = arrays[0].shape[1]
+    for k, w in enumerate(arrays):
+        if w.shape[0] == 0 or w.shape[1] != n:
+            raise ValueError(f"panel {k} has shape {w.shape}; every panel needs [Q > 0, {n}]")
+    rows = [
+        _as_labels(labels, w.shape[0], f"panels[{k}] row labels", "one per row")
+        for k, ((_, _, labels), w) in enumerate(zip(panels, arrays, strict=True))
+    ]
+    cols = _as_labels(col_labels, n, "col_labels", f"one per column ({n})")
+    q = max(w.shape[0] for w in arrays)
+    cell = _cell_inches(max(q, n))
+    fontsize = float(np.clip(cell * 24, 6, _FONT - 1))
+    label_w = max(_text_inches(r, fontsize) for r in rows)
+    label_h = _text_inches(cols, fontsize) * (0.87 if max(map(len, cols)) > 2 else 0.2)
+    low = min(0.0, min(float(w.min()) for w in arrays))
+    high = max(float(w.max()) for w in arrays) if vmax is None else float(vmax)
+    top = max(high, low + 1e-12)
+    out, fmt = _output_path(path)
+    with _rc_context():
+        width = len(arrays) * (n * cell + label_w + 0.6) + 1.2
+        fig = _new_figure(width, q * cell + label_h + 1.2, layout="constrained")
+        axes = fig.subplots(1, len(arrays), squeeze=False)[0]
+        image = None
+        for ax, (name, _, _), w, r in zip(axes, panels, arrays, rows, strict=True):
+            image = ax.imshow(
+                w, cmap=cmap, vmin=low, vmax=top, aspect="auto", interpolation="nearest"
+            )
+            _label_heatmap_axes(ax, r, cols, fontsize)
+            ax.set_title(name)
+        assert image is not None
+        colorbar = fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.02)
+        colorbar.ax.tick_params(labelsize=_SMALL)
+        colorbar.outline.set_visible(False)
+        if title:
+            fig.suptitle(title)
         return _save(fig, out, fmt)

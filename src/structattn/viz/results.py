@@ -13,7 +13,7 @@ from typing import Any
 
 from ._common import _SMALL, _new_figure, _output_path, _rc_context, _save
 
-__all__ = ["depth_curves", "grouped_bars", "training_curves"]
+__all__ = ["depth_curves", "grouped_bars", "line_curves", "training_curves"]
 
 # matplotlib's tab10: one colour per model or run (the first five were the original list)
 _COLORS = [
@@ -73,6 +73,45 @@ def depth_curves(
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
         ax.legend()
+        if title:
+            ax.set_title(title)
+        return _save(fig, out, fmt)
+
+
+def line_curves(
+    series: Mapping[str, Mapping[Any, float]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    log_y: bool = False,
+) -> Path:
+    """One line per entry of ``series`` (``{name: {x: y}}``), e.g. a test metric against
+    the input length (Liu et al., Figure 1) or a free energy against the iteration.
+
+    Args:
+        series: the curves; NaN or missing points leave gaps.
+        path: output file.
+        xlabel, ylabel: axis labels. title: figure title.
+        log_y: logarithmic y axis (for positive values).
+    """
+    if not series:
+        raise ValueError("`series` must name at least one curve")
+    out, fmt = _output_path(path)
+    with _rc_context():
+        fig = _new_figure(6.0, 4.0)
+        ax = fig.add_subplot()
+        for i, (name, curve) in enumerate(series.items()):
+            xs = sorted(curve)
+            marker = "o-" if len(xs) <= 30 else "-"
+            ax.plot(xs, [curve[x] for x in xs], marker, color=_COLORS[i % len(_COLORS)],
+                    label=name, markersize=3)  # fmt: skip
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=_SMALL)
         if title:
             ax.set_title(title)
         return _save(fig, out, fmt)

@@ -1,0 +1,88 @@
+"""Mean-field attention vs softmax attention: time per training step (issue 19).
+
+Usage::
+
+    .venv/bin/python benchmarks/mfa_step.py [--repeats R] [--threads T] [--quick]
+
+The sorting model of the ``mfa`` recipe (one-layer LSTM encoder-decoder with input feeding,
+embeddings 32, hidden 64, attention MLP / rank of J 32) on one fixed batch of B = 64
+sequences of lengths 5-15 (integers 0-99). One timed call is one Adam training step
+(forward, summed NLL, backward, update). Every configuration starts from the same seed and
+runs on the same batch; calls are interleaved (``timing.py``) and ``ratio`` is the median,
+over repeats, of the configuration's time divided by that of the softmax (Bahdanau)
+attention within the same repeat. Target of the issue: MFA_5 <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from timing import time_interleaved
+
+from structattn.data.synthetic import sorting_examples
+from structattn.recipes import mfa
+from structattn.recipes._config import replace_path
+
+CONFIGS = ("attention", "mfa0", "mfa1", "mfa5", "vae", "lstm")
+
+
+def training_steps(batch: int, hidden: int) -> dict[str, Callable[[], object]]:
+    """One training-step callable per model (same seed, same batch)."""
+    examples = sorting_examples(batch, range(5, 16), 0, "bench")
+    data = mfa.collate(examples, torch.device("cpu"), 99)
+    fns: dict[str, Callable[[], object]] = {}
+    for name in CONFIGS:
+        config = replace_path(mfa.MFAConfig(), {"model": name, "hidden_dim": hidden})
+        model = mfa.build_model(config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer):
+            loss, n, _ = mfa.batch_loss(model, data)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            optimizer.step()
+
+        fns[name] = step
+    return fns
+
+
+def measure(repeats: int, warmup: int, quick: bool) -> dict[str, dict[str, float]]:
+    """Median ms per step and median ratio to the softmax attention per configuration."""
+    fns = training_steps(8, 16) if quick else training_steps(64, 64)
+    timings = time_interleaved(fns, repeats, warmup)
+    reference = timings["attention"].samples
+    return {
+        name: {
+            "ms": 1000 * t.median,
+            "ratio": statistics.median(s / r for s, r in zip(t.samples, reference, strict=True)),
+        }
+        for name, t in timings.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = measure(args.repeats, args.warmup, args.quick)
+    print(f"threads {args.threads}, repeats {args.repeats}; sorting seq2seq, B = 64, lengths 5-15")
+    print(f"{'model':<12} {'ms/step':>8} {'ratio':>7}")
+    for name, row in results.items():
+        print(f"{name:<12} {row['ms']:>8.1f} {row['ratio']:>7.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
