@@ -73,3 +73,6 @@ def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[
     assert main([*args, "--sentences", str(text)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("(")]
     assert len(lines) == 2 and "61" in lines[1] and lines[0].count("(") == 5  # 6 words
+    assert main([*args, "--max-words", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "<= 3 words" in out and "right-branching" in out

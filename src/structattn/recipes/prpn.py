@@ -41,7 +41,7 @@ import random
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -314,6 +314,11 @@ class PRPNEvalOptions(LMEvalOptions):
     """``structattn eval prpn``'s own flags."""
 
     task: Literal["lm", "parse"] = "lm"  # perplexity of a split, or the WSJ10 parse
+    max_words: int | None = field(
+        default=None,
+        metadata={"help": "--task parse: longest gold sentence kept (default: the run's "
+                  "parse_max_words, 10 = WSJ10; 1000 = every tree of the sample)"},
+    )  # fmt: skip
     sentences: str | None = field(
         default=None,
         metadata={"help": "--task parse: parse these plain sentences instead (a file, one per "
@@ -328,14 +333,20 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
     model, config = PARTS.load(run_dir, device)
     if options.sentences is not None:
         return "\n".join(parse_text(model, config, options.sentences))
+    if options.max_words is not None:
+        config = replace(config, parse_max_words=options.max_words)
     result = parse_evaluation(model, config, predictions)
     if result is None:
         raise ValueError(f"{run_dir}: a {config.model} model has no parsing network to parse with")
+    baseline = parse_baselines(wsj_sentences(config), seeds=1)["RBRANCH"]
     return (
-        f"prpn WSJ10 ({result['sentences']} sentences of the NLTK WSJ sample): UF1 "
+        f"prpn sentences of <= {config.parse_max_words} words "
+        f"({result['sentences']} of the NLTK WSJ sample): UF1 "
         f"sentence-level {result['uf1_sentence']:.1f} / corpus-level {result['uf1_corpus']:.1f}"
         f" without the sentence span, {result['uf1_sentence_root']:.1f} / "
-        f"{result['uf1_corpus_root']:.1f} with it"
+        f"{result['uf1_corpus_root']:.1f} with it (right-branching: "
+        f"{baseline['uf1_sentence']:.1f} / {baseline['uf1_corpus']:.1f} and "
+        f"{baseline['uf1_sentence_root']:.1f} / {baseline['uf1_corpus_root']:.1f})"
     )
 
 
