@@ -230,3 +230,20 @@ def test_config_errors(tmp_path: Path) -> None:
     assert model.crf is not None and torch.equal(model.crf.query_update.weight, torch.eye(4))
     with pytest.raises(FileNotFoundError):
         babi.train(replace(babi.BabiConfig(), data_dir=str(tmp_path)), tmp_path / "out")
+
+
+def test_memn2n_code_options_train_and_reload(data_dir: Path, tmp_path: Path, capsys) -> None:
+    """--random-noise, --position-encoding padded and --init-std reach the model; the
+    padded widths are saved with the run and the reloaded model scores the same."""
+    out = tmp_path / "options"
+    args = ["train", "babi", "--task", "2", "--model", "binary-crf", "--runs", "1"]
+    args += ["--epochs", "2", "--data-dir", str(data_dir), "--progress", "false"]
+    args += ["--random-noise", "0.1", "--position-encoding", "padded", "--init-std", "0.3"]
+    assert _cli(*args, "--out", str(out)) == 0
+    capsys.readouterr()
+    model, _, config = babi.load_trained(out)
+    assert (config.random_noise, config.position_encoding, config.init_std) == (0.1, "padded", 0.3)
+    splits, _ = babi.load_data(config)
+    assert model.pe_width == babi.padded_widths(splits) and model.random_noise == 0.1
+    done = json.loads((out / "run_00" / "done.json").read_text())
+    assert babi.score(config, out / "run_00")["test"]["ans"] == pytest.approx(done["test"]["ans"])

@@ -3,8 +3,6 @@ and the hashing of unknown words."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -59,21 +57,9 @@ def test_malformed_lines_name_file_and_line(tmp_path: Path, text: str, message: 
 
 
 def test_word_bucket_is_deterministic_across_processes() -> None:
+    # fixed values: a salted hash (Python's hash() of a str) would change them per process
     words = ["deli", "fighting", "<unk>", "Überraschung", ""]
-    here = [word_bucket(w) for w in words]
-    assert all(0 <= b < 100 for b in here)
-    code = (
-        "from structattn.data.embeddings import word_bucket;"
-        f"print([word_bucket(w) for w in {words!r}])"
-    )
-    other = subprocess.run(  # another process has another str-hash salt
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONHASHSEED": "random", "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
-    )
-    assert other.stdout.strip() == str(here)
+    assert [word_bucket(w) for w in words] == [31, 60, 31, 68, 56]
     assert len({word_bucket(f"w{i}") for i in range(2000)}) == 100  # every bucket is used
     with pytest.raises(ValueError, match="buckets"):
         word_bucket("a", 0)

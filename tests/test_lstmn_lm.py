@@ -3,6 +3,10 @@ LSTMN LM and the lstmn-lm recipe's config and models."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -110,3 +114,26 @@ def test_config_models_and_table() -> None:
     assert RECIPE.presets["paper"].config.hidden_size == 300
     table = _table({("lstmn",): {"test": {"perplexity": 120.0}, "valid": {"perplexity": 125.0}}})
     assert "LSTMN" in table and "120.0" in table and "108" in table
+
+
+def test_benchmark_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/lstmn_lm.py --quick`` prints tokens/s and a ratio per model (LSTM: 1)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lstmn_lm.py"
+    sys.path.insert(0, str(path.parent))  # its `timing` helper
+    try:
+        spec = importlib.util.spec_from_file_location("structattn_bench_lstmn_lm", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        threads = torch.get_num_threads()
+        try:
+            assert (
+                module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+            )
+        finally:
+            torch.set_num_threads(threads)
+    finally:
+        sys.path.remove(str(path.parent))
+    rows = capsys.readouterr().out.splitlines()[2:]
+    ratios = {line.rsplit(None, 2)[0]: float(line.split()[-1]) for line in rows}
+    assert set(ratios) == set(module.CONFIGS) and ratios["LSTM"] == 1.0

@@ -93,3 +93,50 @@ def test_bad_inputs() -> None:
     net = MemoryQA(30, memory_size=4)
     with pytest.raises(ValueError, match="memory"):
         net(*_batch(m=6))
+
+
+def test_random_noise_shifts_recency_in_training_only() -> None:
+    """MemN2N's random noise: empty memories between sentences push older sentences to
+    later temporal slots, at most ceil(r n) of them, order kept; none at evaluation."""
+    torch.manual_seed(0)
+    net = MemoryQA(30, embed_dim=4, hops=1, memory_size=60, random_noise=0.1)
+    lengths = torch.full((4000,), 20)
+    base = net.eval()._recency(lengths, 20)
+    assert torch.equal(base[0], torch.arange(19, -1, -1))
+    noisy = net.train()._recency(lengths, 20)
+    shift = noisy - base
+    assert (shift >= 0).all() and (shift <= 2).all()  # ceil(0.1 * 20) = 2
+    assert (noisy[:, :-1] > noisy[:, 1:]).all()  # older sentences stay older
+    # u ~ U{0, 1, 2} blanks, each after a uniform one of the 21 gaps: the oldest sentence
+    # moves by every blank not placed after it, i.e. E[u] * 20 / 21
+    assert shift[:, 0].float().mean().item() == pytest.approx(20 / 21, abs=0.05)
+    assert torch.equal(net.eval()._recency(lengths, 20), base)
+
+
+def test_fixed_position_encoding_width() -> None:
+    """pe_width=(J, Q): J is the same for every sentence; equal to the sentences' own length
+    it changes nothing, and a sentence longer than J is an error."""
+    torch.manual_seed(1)
+    memory, _, memory_lengths, question, question_lengths = _batch(length=5, q=4)
+    full = torch.full(memory.shape[:2], 5)
+    memory = torch.randint(1, 30, memory.shape) * (memory.sum(-1, keepdim=True) > 0)
+    own = MemoryQA(30, embed_dim=8, hops=2, memory_size=10).eval()
+    fixed = MemoryQA(30, embed_dim=8, hops=2, memory_size=10, pe_width=(5, 4)).eval()
+    fixed.load_state_dict(own.state_dict())
+    batch = (memory, full, memory_lengths, question, question_lengths)
+    torch.testing.assert_close(fixed(*batch).logits, own(*batch).logits)
+    wider = MemoryQA(30, embed_dim=8, hops=2, memory_size=10, pe_width=(9, 4)).eval()
+    wider.load_state_dict(own.state_dict())
+    assert not torch.allclose(wider(*batch).logits, own(*batch).logits)
+    narrow = MemoryQA(30, embed_dim=8, hops=2, memory_size=10, pe_width=(3, 4))
+    with pytest.raises(ValueError, match="pe_width"):
+        narrow(*batch)
+
+
+def test_init_std_and_option_errors() -> None:
+    torch.manual_seed(2)
+    net = MemoryQA(2000, embed_dim=20, hops=1, init_std=0.316)
+    assert net.embeddings[0].weight[1:].std().item() == pytest.approx(0.316, rel=0.05)
+    for bad in ({"init_std": 0.0}, {"random_noise": 1.0}, {"pe_width": (0, 3)}):
+        with pytest.raises(ValueError):
+            MemoryQA(30, **bad)

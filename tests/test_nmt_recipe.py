@@ -227,3 +227,17 @@ def test_table_and_config_checks() -> None:
     vocabs = nmt.Vocabularies(vocab, TranslationVocabulary.build([("cat",)]))
     batch = nmt.collate([pair], vocabs, "word", torch.device("cpu"))
     assert batch.source.tolist() == [[vocab.unk_id]]  # a word unseen as a token -> <unk>
+
+
+def test_attention_panels_checks_and_writes(tmp_path: Path) -> None:
+    viz = pytest.importorskip("structattn.viz")
+    pytest.importorskip("matplotlib")
+    panels = [("a", torch.rand(3, 5), ["x", "y", "z"]), ("b", torch.rand(2, 5), ["u", "v"])]
+    path = viz.attention_panels(panels, list("abcde"), tmp_path / "p.png", title="t")
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="every panel needs"):
+        viz.attention_panels([*panels, ("c", torch.rand(2, 4), ["u", "v"])], None, path)
+    with pytest.raises(ValueError, match="row labels"):
+        viz.attention_panels([("a", torch.rand(3, 5), ["x"])], None, path)
+    with pytest.raises(ValueError, match="at least one"):
+        viz.attention_panels([], None, path)

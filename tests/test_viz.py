@@ -380,6 +380,7 @@ def _some_run(tmp_path: Path) -> Path:
 
 _DRAWING_CALLS: dict[str, Callable[[Path], Any]] = {
     "attention_heatmap": lambda d: viz.attention_heatmap([[1.0]], None, None, d / "x.png"),
+    "attention_panels": lambda d: viz.attention_panels([("a", [[1.0]], ["r"])], None, d / "x"),
     "dependency_arcs": lambda d: viz.dependency_arcs([-1, 0], ["$", "a"], d / "x.png"),
     "fact_chain_graph": lambda d: viz.fact_chain_graph([[1.0]], np.zeros((0, 1, 1)), d / "x"),
     "bracketed_tree": lambda d: viz.bracketed_tree((0, 1), d / "x.png"),

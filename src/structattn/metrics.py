@@ -15,11 +15,19 @@ structattn). Attachment scores (UAS / LAS) live with the CoNLL-U reader
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BootstrapResult", "ConfusionMatrix", "accuracy", "paired_bootstrap", "perplexity"]
+__all__ = [
+    "BootstrapResult",
+    "BracketScores",
+    "ConfusionMatrix",
+    "accuracy",
+    "bracket_f1",
+    "paired_bootstrap",
+    "perplexity",
+]
 
 
 def accuracy(predicted: Sequence[object], gold: Sequence[object]) -> float:
@@ -252,4 +260,81 @@ def paired_bootstrap(
         high=float(high),
         p_value=float((diffs <= 0).mean()),
         samples=samples,
+    )
+
+
+@dataclass(frozen=True)
+class BracketScores:
+    """Unlabelled bracket scores of a set of parses (all in [0, 1])."""
+
+    sentence_f1: float  # mean over sentences of the sentence F1 (PRPN's "averaged sentence F1")
+    corpus_f1: float  # F1 of the summed matches / predicted / gold counts (EVALB-style)
+    corpus_precision: float  # summed matches / summed predicted brackets
+    corpus_recall: float  # summed matches / summed gold brackets
+    sentences: int  # number of sentences scored
+
+    def as_dict(self) -> dict[str, float | int]:
+        """The fields, F1s as percentages (1 decimal kept by callers)."""
+        return {
+            "sentence_f1": 100 * self.sentence_f1,
+            "corpus_f1": 100 * self.corpus_f1,
+            "corpus_precision": 100 * self.corpus_precision,
+            "corpus_recall": 100 * self.corpus_recall,
+            "sentences": self.sentences,
+        }
+
+
+def bracket_f1(
+    predicted: Sequence[Sequence[tuple[int, int]] | frozenset[tuple[int, int]]],
+    gold: Sequence[Sequence[tuple[int, int]] | frozenset[tuple[int, int]]],
+    lengths: Sequence[int],
+    include_root: bool = False,
+) -> BracketScores:
+    """Unlabelled bracket F1 of predicted vs gold span sets (spans ``(start, end)``, end
+    exclusive, over sentences of ``lengths`` words).
+
+    Conventions (as PRPN's ``test_phrase_grammar.py``): only spans of >= 2 words count (any
+    one-word span given is ignored); the whole-sentence span ``(0, n)`` counts only with
+    ``include_root``; a sentence whose gold set is empty has recall 1, and precision 1 if the
+    predicted set is empty too (so a 2-word sentence scores 1 without the root), otherwise
+    P = R = 0 when a set is empty.
+
+    >>> s = bracket_f1([{(0, 2), (0, 3)}], [{(1, 3), (0, 3)}], [3])
+    >>> s.sentence_f1, s.corpus_f1
+    (0.0, 0.0)
+    >>> bracket_f1([{(0, 2), (0, 3)}], [{(1, 3), (0, 3)}], [3], include_root=True).corpus_f1
+    0.5
+    """
+    if not (len(predicted) == len(gold) == len(lengths)):
+        raise ValueError(
+            f"{len(predicted)} predictions, {len(gold)} gold trees and {len(lengths)} lengths"
+        )
+    if not gold:
+        raise ValueError("no sentences to score")
+    f1s = []
+    matched = n_pred = n_gold = 0
+    for pred_spans, gold_spans, n in zip(predicted, gold, lengths, strict=True):
+
+        def keep(spans: Iterable[tuple[int, int]], n: int = n) -> set[tuple[int, int]]:
+            return {
+                (int(a), int(b))
+                for a, b in spans
+                if b - a >= 2 and (include_root or (a, b) != (0, n))
+            }
+
+        p, g = keep(pred_spans), keep(gold_spans)
+        overlap = len(p & g)
+        matched, n_pred, n_gold = matched + overlap, n_pred + len(p), n_gold + len(g)
+        recall = overlap / len(g) if g else 1.0
+        precision = overlap / len(p) if p else (1.0 if not g else 0.0)
+        f1s.append(2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+    precision = matched / n_pred if n_pred else 0.0
+    recall = matched / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return BracketScores(
+        sentence_f1=sum(f1s) / len(f1s),
+        corpus_f1=f1,
+        corpus_precision=precision,
+        corpus_recall=recall,
+        sentences=len(f1s),
     )

@@ -3,6 +3,8 @@
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .language_model import LM_CELLS, LanguageModel, RNNLanguageModel, detach_state
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
+from .nli import INTRA_ATTENTION, DecomposableAttention, NLIOutput
+from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
 from .seq2seq import (
     ATTENTIONS,
     ENCODERS,
@@ -23,12 +25,19 @@ __all__ = [
     "LM_CELLS",
     "MEMORY_MODELS",
     "SELF_ATTENTION",
+    "INTRA_ATTENTION",
     "BeamResult",
+    "DecomposableAttention",
+    "NLIOutput",
     "DecoderState",
     "EncoderOutput",
     "LanguageModel",
     "MemoryQA",
     "MemoryQAOutput",
+    "PRPNConfig",
+    "PRPNLanguageModel",
+    "PRPNOutput",
+    "PRPNState",
     "RNNLanguageModel",
     "RecurrentEncoder",
     "Seq2Seq",

@@ -68,6 +68,13 @@ class MemoryQA(nn.Module):
     linear start). Both switches are saved in the ``state_dict`` (module extra state), so a
     checkpoint restores the mode it was trained in.
 
+    Options of MemN2N's own code (defaults: the paper's text): ``init_std`` of every
+    embedding (0.1; harvardnlp's MemN2N uses 1/sqrt(10)), ``random_noise`` (the rate of
+    empty memories inserted in training, MemN2N: 0.1; see :meth:`_recency`) and
+    ``pe_width`` (J of the position encoding for memory sentences and questions: None = each
+    sentence's own length, as the paper's formula reads; a pair of fixed widths = the padded
+    widths both public codes use).
+
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
     ``question_lengths`` [B].
@@ -80,13 +87,24 @@ class MemoryQA(nn.Module):
         hops: int = 3,
         memory_size: int = 25,
         model: str = "memn2n",
+        init_std: float = 0.1,
+        random_noise: float = 0.0,
+        pe_width: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
             raise ValueError(f"`model` must be one of {MEMORY_MODELS}, got {model!r}")
         if hops < 1:
             raise ValueError(f"`hops` must be >= 1, got {hops}")
+        if init_std <= 0:
+            raise ValueError(f"`init_std` must be > 0, got {init_std}")
+        if not 0 <= random_noise < 1:
+            raise ValueError(f"`random_noise` must be in [0, 1), got {random_noise}")
+        if pe_width is not None and min(pe_width) < 1:
+            raise ValueError(f"`pe_width` must be two positive widths or None, got {pe_width}")
         self.model = model
+        self.random_noise = random_noise
+        self.pe_width = pe_width
         self.hops = hops
         self.embed_dim = embed_dim
         self.memory_size = memory_size
@@ -102,10 +120,10 @@ class MemoryQA(nn.Module):
         )
         for k in range(hops + 1):
             weight = self._embedding(k).weight
-            nn.init.normal_(weight, std=0.1)
+            nn.init.normal_(weight, std=init_std)
             with torch.no_grad():
                 weight[0].zero_()
-        nn.init.normal_(self.temporal, std=0.1)
+        nn.init.normal_(self.temporal, std=init_std)
 
     def _embedding(self, k: int) -> nn.Embedding:
         """E_{k+1} (0-based k): the embedding matrix of hop k's keys and hop k-1's values."""
@@ -132,11 +150,36 @@ class MemoryQA(nn.Module):
         if self.crf is not None:
             self.crf.normalize_potentials = value
 
-    def _embed(self, index: int, words: Tensor, lengths: Tensor) -> Tensor:
-        """Position-encoded bag of words: [..., L] ids -> [..., d]."""
+    def _embed(self, index: int, words: Tensor, lengths: Tensor, width: int | None) -> Tensor:
+        """Position-encoded bag of words: [..., L] ids -> [..., d]; J = each sentence's
+        length, or the fixed ``width`` (MemN2N's code: the data set's padded width)."""
         vectors = self._embedding(index)(words)  # [..., L, d]
+        if width is not None:
+            if words.shape[-1] > width:
+                raise ValueError(f"a sentence has {words.shape[-1]} words; `pe_width` is {width}")
+            lengths = torch.full_like(lengths, width)
         weights = position_encoding(lengths, words.shape[-1], self.embed_dim).to(vectors.dtype)
         return (vectors * weights).sum(-2)
+
+    def _recency(self, memory_lengths: Tensor, slots: int) -> Tensor:
+        """[B, M] temporal slot of each sentence (0 = most recent). With ``random_noise`` r
+        in training, MemN2N's random noise: each story gets u ~ U{0..ceil(r n)} empty
+        memories at random places between its n sentences (the recency of a sentence grows
+        by the empty ones after it), so the temporal vectors cannot memorise positions."""
+        arange = torch.arange(slots, device=memory_lengths.device)
+        recency = memory_lengths.unsqueeze(-1) - 1 - arange  # [B, M]
+        if self.training and self.random_noise > 0:
+            n = memory_lengths.unsqueeze(-1)  # [B, 1]
+            most = torch.ceil(self.random_noise * n.float()).long()  # [B, 1]
+            blanks = (torch.rand(n.shape, device=n.device) * (most + 1).float()).long()
+            # u blanks at uniform places among n + u slots: a blank's position is a random
+            # gap between sentences (0 = after the most recent sentence)
+            gaps = (torch.rand(n.shape[0], slots, device=n.device) * (n + 1).float()).long()
+            real = arange < blanks  # [B, M]: the first u draws are used
+            # each sentence's recency grows by the blanks at gaps <= its recency
+            after = (gaps.unsqueeze(1) <= recency.unsqueeze(-1)) & real.unsqueeze(1)
+            recency = recency + after.sum(-1)  # [B, M]
+        return recency.clamp(0, self.memory_size - 1)
 
     def forward(
         self,
@@ -150,17 +193,16 @@ class MemoryQA(nn.Module):
         if slots > self.memory_size:
             raise ValueError(f"`memory` has {slots} sentences; the model holds {self.memory_size}")
         mask = torch.arange(slots, device=memory.device) < memory_lengths.unsqueeze(-1)  # [B, M]
-        # temporal slot of sentence i: its recency (0 = most recent)
-        recency = memory_lengths.unsqueeze(-1) - 1 - torch.arange(slots, device=memory.device)
-        recency = recency.clamp(0, self.memory_size - 1)  # [B, M]
+        recency = self._recency(memory_lengths, slots)  # [B, M] temporal slots
+        width, qwidth = self.pe_width or (None, None)
         embedded = torch.stack(
             [
-                self._embed(k, memory, sentence_lengths) + self.temporal[k][recency]
+                self._embed(k, memory, sentence_lengths, width) + self.temporal[k][recency]
                 for k in range(self.hops + 1)
             ]
         )  # [K+1, B, M, d]: E_k of every sentence
         embedded = embedded * mask.unsqueeze(-1)
-        q = self._embed(0, question, question_lengths)  # [B, d]
+        q = self._embed(0, question, question_lengths, qwidth)  # [B, d]
         answer_matrix = self._embedding(self.hops).weight  # W^T = E_{K+1}
         if self.crf is None:
             weights = []

@@ -382,33 +382,55 @@ class LSTMNCell(nn.Module):
         if state is None:
             state = self.initial_state(batch, inputs.device, inputs.dtype)
         state = _check_state(state, batch, self.hidden_size)
-        x_attn = self.attn_input(inputs)  # W_x x_t for all t, [B, T, H]
-        x_gates = self.input_gates(inputs)  # W[:, x] x_t + b for all t, [B, T, 4H]
+        # W_x x_t and W[:, x] x_t + b for all t, as T x [B, H] and T x [B, 4H] (unbind: one
+        # gradient stack in the backward instead of a zero-filled [B, T, *] per step)
+        x_attn = self.attn_input(inputs).unbind(1)
+        x_gates = self.input_gates(inputs).unbind(1)
         h = self.hidden_size
         all_real = bool(mask.all())
         fused = torch.cat([self.summary_gates.weight, self.attn_summary.weight], dim=0)  # [5H, H]
         query_summary = self.attn_summary(state.summary)  # W_h~ h~_{t-1}, [B, H]
-        tape = torch.cat([state.hidden, state.memory], dim=-1)  # [B, N, 2H]
-        keys, valid = state.keys, state.valid  # [B, N, H], [B, N]
+        # The P starting slots stay one block (read in place: a state carried from the previous
+        # window is detached, so slicing it costs nothing in the backward); the slots written
+        # by this call are lists that each step stacks as far as it attends, so the backward
+        # only splits gradients (no zero-filled gradient of a whole tape per step).
+        old_tape = torch.cat([state.hidden, state.memory], dim=-1)  # [B, P, 2H]
+        old_keys, old_valid = state.keys, state.valid  # [B, P, H], [B, P]
+        start = old_tape.shape[1]  # P
+        tape: list[Tensor] = []  # this call's slots, [B, 2H] each
+        keys: list[Tensor] = []  # [B, H] each
+        valid: list[Tensor] = []  # [B] each
         summary = state.summary  # [B, H]
         score = self.attn_score.weight.squeeze(0)  # v, [H]
-        start = tape.shape[1]  # P slots before this call
-        width = start + length
+        width = start + length  # P slots before this call, then T
         rows, hidden_steps, memory_steps = [], [], []
         for t in range(length):
-            slots = tape.shape[1]
+            slots = start + t
             low = max(0, slots - memory_span) if memory_span is not None else 0
+            low_old, low_new = min(low, start), max(low - start, 0)  # the span in each part
             # a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}) over the attended slots
-            query = x_attn[:, t] + query_summary  # [B, H]
-            scores = torch.tanh(keys[:, low:] + query.unsqueeze(1)) @ score  # [B, n]
-            open_slots = valid[:, low:]  # [B, n]
-            if memory_span is not None and low > 0:  # slot 0 may have left the span
+            query = (x_attn[t] + query_summary).unsqueeze(1)  # [B, 1, H]
+            parts, opens, values = [], [], []
+            if low_old < start:
+                parts.append(torch.tanh(old_keys[:, low_old:] + query) @ score)  # [B, n_old]
+                opens.append(old_valid[:, low_old:])
+                values.append(old_tape[:, low_old:])
+            if low_new < t:
+                parts.append(torch.tanh(torch.stack(keys[low_new:], 1) + query) @ score)
+                opens.append(torch.stack(valid[low_new:], 1))  # [B, n_new]
+                values.append(torch.stack(tape[low_new:], 1))  # [B, n_new, 2H]
+            scores = parts[0] if len(parts) == 1 else torch.cat(parts, -1)  # [B, n]
+            open_slots = opens[0] if len(opens) == 1 else torch.cat(opens, -1)  # [B, n]
+            if low > 0:  # slot 0 has left the span: read zero slots if nothing is open
                 open_slots = open_slots | ~open_slots.any(-1, keepdim=True)
             weights = torch.softmax(scores.masked_fill(~open_slots, float("-inf")), dim=-1)
-            read = torch.bmm(weights.unsqueeze(1), tape[:, low:]).squeeze(1)  # [B, 2H]
-            h_sum, c_sum = read[:, :h], read[:, h:]  # h~_t, c~_t
+            read = torch.bmm(weights[:, None, : parts[0].shape[1]], values[0])  # [B, 1, 2H]
+            if len(values) == 2:
+                read = read + torch.bmm(weights[:, None, parts[0].shape[1] :], values[1])
+            read = read.squeeze(1)
+            h_sum, c_sum = read[:, :h], read[:, h:]  # h~_t, c~_t [B, H]
             projected = h_sum @ fused.t()  # [B, 5H]: gates part, next query part
-            gates = x_gates[:, t] + projected[:, : 4 * h]  # [B, 4H]
+            gates = x_gates[t] + projected[:, : 4 * h]  # [B, 4H]
             in_gate, forget_gate, out_gate, candidate = gates.chunk(4, dim=-1)
             memory = torch.sigmoid(forget_gate) * c_sum + torch.sigmoid(in_gate) * torch.tanh(
                 candidate
@@ -417,8 +439,9 @@ class LSTMNCell(nn.Module):
             if all_real:
                 query_summary = projected[:, 4 * h :]
                 summary = h_sum
-                closed = valid[:, :1] & False  # a real step closes slot 0
-                valid = torch.cat([closed, valid[:, 1:], ~closed], dim=1)  # [B, N + 1]
+                if t == 0:  # a real step closes slot 0
+                    old_valid = torch.cat([old_valid[:, :1] & False, old_valid[:, 1:]], 1)
+                valid.append(mask[:, t])
             else:
                 keep = mask[:, t].unsqueeze(-1)  # [B, 1]
                 hidden = hidden.masked_fill(~keep, 0.0)
@@ -426,9 +449,10 @@ class LSTMNCell(nn.Module):
                 weights = weights.masked_fill(~keep, 0.0)
                 query_summary = torch.where(keep, projected[:, 4 * h :], query_summary)
                 summary = torch.where(keep, h_sum, summary)
-                valid = torch.cat([valid[:, :1] & ~keep, valid[:, 1:], keep], dim=1)
-            tape = torch.cat([tape, torch.cat([hidden, memory], -1).unsqueeze(1)], dim=1)
-            keys = torch.cat([keys, self.attn_hidden(hidden).unsqueeze(1)], dim=1)
+                old_valid = torch.cat([old_valid[:, :1] & ~keep, old_valid[:, 1:]], 1)
+                valid.append(mask[:, t])
+            tape.append(torch.cat([hidden, memory], -1))  # [B, 2H]
+            keys.append(self.attn_hidden(hidden))  # W_h h_t [B, H]
             rows.append(F.pad(weights, (low, width - slots)))  # [B, P + T]
             hidden_steps.append(hidden)
             memory_steps.append(memory)
@@ -441,15 +465,22 @@ class LSTMNCell(nn.Module):
             out_hidden = out_memory = inputs.new_zeros(batch, 0, h)
         if fresh:
             attention = attention[:, :, 1:]  # drop slot 0: [B, T, T]
-        if memory_span is not None and tape.shape[1] > memory_span + 1:
+        all_tape = torch.cat([old_tape, *(x.unsqueeze(1) for x in tape)], 1)  # [B, P + T, 2H]
+        all_keys = torch.cat([old_keys, *(x.unsqueeze(1) for x in keys)], 1)  # [B, P + T, H]
+        all_valid = torch.cat([old_valid, *(x.unsqueeze(1) for x in valid)], 1)  # [B, P + T]
+        if memory_span is not None and all_tape.shape[1] > memory_span + 1:
             # keep slot 0 (the zero slot, open until the first real step) and the last
             # `memory_span` slots, so slot 0 stays the zero slot in the carried state
-            index = torch.cat(
-                [torch.zeros(1, dtype=torch.long), torch.arange(-memory_span, 0) + tape.shape[1]]
-            ).to(tape.device)
-            tape, keys, valid = tape[:, index], keys[:, index], valid[:, index]
+            kept = torch.cat(
+                [torch.zeros(1, dtype=torch.long), torch.arange(-memory_span, 0) + width]
+            ).to(all_tape.device)
+            all_tape, all_keys, all_valid = all_tape[:, kept], all_keys[:, kept], all_valid[:, kept]
         final = LSTMNState(
-            hidden=tape[..., :h], memory=tape[..., h:], keys=keys, valid=valid, summary=summary
+            hidden=all_tape[..., :h],
+            memory=all_tape[..., h:],
+            keys=all_keys,
+            valid=all_valid,
+            summary=summary,
         )
         return LSTMNOutput(out_hidden, out_memory, attention, final)
 

@@ -122,17 +122,34 @@ class ParsingNetwork(nn.Module):
         self.conv = nn.Conv1d(embed_dim, hidden_dim, kernel_size)
         self.proj = nn.Linear(hidden_dim, 1)
 
-    def distances(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Syntactic distances d [B, T] (> 0 at real tokens, 0 at padding)."""
+    def features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Hidden layer h [B, T, H] of the causal convolution (0 rows not enforced at padding)."""
         x, mask = _check_inputs("x", x, mask)
         if x.shape[-1] != self.embed_dim:
             raise ValueError(f"`x` must have last dimension {self.embed_dim}, got {x.shape[-1]}")
         keep = mask.unsqueeze(-1).to(x.dtype)  # [B, T, 1]
         h = self.dropout(x * keep).transpose(1, 2)  # [B, D, T]
         h = F.pad(h, (self.kernel_size - 1, 0))  # [B, D, L - 1 + T], causal left padding
-        h = F.relu(self.conv(h)).transpose(1, 2)  # [B, T, H]
-        d = F.softplus(self.proj(self.dropout(h)).squeeze(-1)) + self.min_distance  # [B, T]
-        return d * mask.to(d.dtype)
+        return F.relu(self.conv(h)).transpose(1, 2)  # [B, T, H]
+
+    def distances_from_features(
+        self, h: Tensor, mask: Tensor | None = None, proj: nn.Linear | None = None
+    ) -> Tensor:
+        """d [B, T] = softplus(proj(dropout(h))) + epsilon from :meth:`features` h [B, T, H].
+
+        ``proj`` (default the network's own head) lets a model read a second distance off the
+        same features, e.g. PRPN's distance of the next token.
+        """
+        head = self.proj if proj is None else proj
+        d = F.softplus(head(self.dropout(h)).squeeze(-1)) + self.min_distance  # [B, T]
+        if mask is not None:
+            d = d * mask.to(d.dtype)
+        return d
+
+    def distances(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Syntactic distances d [B, T] (> 0 at real tokens, 0 at padding)."""
+        x, mask = _check_inputs("x", x, mask)
+        return self.distances_from_features(self.features(x, mask), mask)
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, tau: float | None = None

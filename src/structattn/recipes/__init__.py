@@ -18,8 +18,13 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.tree_transduction",
     "structattn.recipes.babi",
     "structattn.recipes.lstmn_lm",
+    "structattn.recipes.lstmn_sst",
+    "structattn.recipes.lstmn_nli",
     "structattn.recipes.nmt",
     "structattn.recipes.mfa",
+    "structattn.recipes.prpn",
+    "structattn.recipes.nli",
+    "structattn.recipes.parser",
     "structattn.recipes.mfa_lm",
 )
 

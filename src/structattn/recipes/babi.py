@@ -85,6 +85,10 @@ class BabiConfig:
     batch_size: int = 32  # questions per batch (MemN2N's)
     linear_start: int = 20  # epochs of linear start (MemN2N: no softmax; CRF: no log-softmax)
     query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
+    init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
+    random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
+    position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
+    # length (the paper's formula) or the data set's padded width (MemN2N's public codes)
     runs: int = 20  # training runs with different seeds (train.seed, train.seed + 1, ...)
     fact_runs: int = 10  # Fact % = mean over this many runs best on validation
     data_dir: str = ""  # directory with qaN_*_train/test.txt ("" = ../shared/data/babi/en)
@@ -109,6 +113,12 @@ class BabiConfig:
         for name in ("embed_dim", "memory_size", "batch_size", "runs", "fact_runs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        if self.position_encoding not in ("sentence", "padded"):
+            raise ValueError(
+                f"`position_encoding` must be sentence or padded, got {self.position_encoding!r}"
+            )
+        if self.init_std <= 0 or not 0 <= self.random_noise < 1:
+            raise ValueError("`init_std` must be > 0 and `random_noise` in [0, 1)")
         if self.query_init not in ("default", "identity"):
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.hops < 0 or self.linear_start < 0:
@@ -170,14 +180,38 @@ def _forward(model: nn.Module, batch: BabiBatch) -> Any:
 
 
 # ---- model ----------------------------------------------------------------------------------
-def build_model(config: BabiConfig, vocab: BabiVocabulary, seed: int | None = None) -> MemoryQA:
-    """The paper's model for ``config.model`` (MemN2N's N(0, 0.1) initialisation)."""
+def build_model(
+    config: BabiConfig,
+    vocab: BabiVocabulary,
+    seed: int | None = None,
+    pe_width: tuple[int, int] | None = None,
+) -> MemoryQA:
+    """The paper's model for ``config.model`` (MemN2N's N(0, 0.1) initialisation);
+    ``pe_width``: the fixed (sentence, question) widths of ``position_encoding="padded"``."""
     torch.manual_seed(config.train.seed if seed is None else seed)
-    model = MemoryQA(len(vocab), config.embed_dim, config.steps, config.memory_size, config.model)
+    model = MemoryQA(
+        len(vocab),
+        config.embed_dim,
+        config.steps,
+        config.memory_size,
+        config.model,
+        init_std=config.init_std,
+        random_noise=config.random_noise,
+        pe_width=pe_width if config.position_encoding == "padded" else None,
+    )
     if config.query_init == "identity" and model.crf is not None:
         with torch.no_grad():
             model.crf.query_update.weight.copy_(torch.eye(config.embed_dim))
     return model
+
+
+def padded_widths(splits: Mapping[str, Sequence[BabiExample]]) -> tuple[int, int]:
+    """(longest memory sentence, longest question) in words over all splits: the fixed J of
+    ``position_encoding="padded"``."""
+    examples = [ex for split in splits.values() for ex in split]
+    sentence = max((len(s) for ex in examples for s in ex.memory), default=1)
+    question = max((len(ex.question) for ex in examples), default=1)
+    return max(sentence, 1), max(question, 1)
 
 
 def set_linear_start(model: MemoryQA, epoch: int, linear_epochs: int) -> None:
@@ -257,7 +291,8 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         saved = load_model_state(run_dir, "checkpoint.pt")
         vocab = BabiVocabulary.from_dict(saved["extra"]["vocab"])
     device = torch.device(config.train.device)
-    model = build_model(config, vocab, seed)
+    pe_width = padded_widths(splits)
+    model = build_model(config, vocab, seed, pe_width)
     train = _Encoded(splits["train"], vocab)
     valid = splits["valid"]
     valid_encoded = _Encoded(valid, vocab) if valid else None
@@ -289,7 +324,7 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         loss=loss,
         validate=validate if valid else None,
         config={"recipe": "babi", **config_to_dict(config), "run_seed": seed},
-        extra={"vocab": vocab.to_dict()},
+        extra={"vocab": vocab.to_dict(), "pe_width": list(pe_width)},
         on_epoch_start=on_epoch_start,
     )
     train_config = replace(
@@ -325,7 +360,8 @@ def load_trained(
         raise ValueError(f"{path} is not a bAbI run (recipe {state['config'].get('recipe')!r})")
     config = config_from_dict(BabiConfig, state["config"])
     vocab = BabiVocabulary.from_dict(state["extra"]["vocab"])
-    model = build_model(config, vocab)
+    width = state["extra"].get("pe_width")
+    model = build_model(config, vocab, pe_width=None if width is None else (width[0], width[1]))
     model.load_state_dict(state["model"])
     return model.to(device).eval(), vocab, config
 

@@ -227,7 +227,7 @@ def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
 
 
 # ---- presets and the record -------------------------------------------------------------------
-#: the paper's models on the whole PTB, 2 epochs: the table in ~2-3 h on 2 cores
+#: the paper's models on the whole PTB, 2 epochs each (a scaled table; not timed whole here)
 _CPU = replace_path(LSTMNLMConfig(), {"train.epochs": 2, "train.log_every": 200})
 _QUICK = replace_path(
     LSTMNLMConfig(),

@@ -93,6 +93,19 @@ def _check_distances(distances: object) -> Tensor:
     return check_potentials("distances", distances, rank=2, allow_neg_inf=False)
 
 
+def _check_query(query_distances: Tensor | None, distances: Tensor) -> Tensor:
+    """``query_distances`` (default ``distances``), a finite tensor of the shape of d [B, T]."""
+    if query_distances is None:
+        return distances
+    query = check_potentials("query_distances", query_distances, rank=2, allow_neg_inf=False)
+    if query.shape != distances.shape:
+        raise ValueError(
+            f"`query_distances` must have the shape of `distances` {tuple(distances.shape)}, "
+            f"got {tuple(query.shape)}"
+        )
+    return query
+
+
 def _pair_mask(mask: Tensor) -> Tensor:
     """BoolTensor [B, T, T]: True where key k < query t and both are real tokens."""
     n = mask.shape[-1]
@@ -107,7 +120,12 @@ def _sentinel(mask: Tensor) -> Tensor:
 
 
 # ---- gates and distributions ------------------------------------------------------------------
-def stick_breaking_gates(distances: Tensor, tau: float, mask: Tensor | None = None) -> Tensor:
+def stick_breaking_gates(
+    distances: Tensor,
+    tau: float,
+    mask: Tensor | None = None,
+    query_distances: Tensor | None = None,
+) -> Tensor:
     r"""PRPN's stick-breaking gates (eq. 7) for every query step at once.
 
     .. math:: \alpha[b, t, k] = (\mathrm{hardtanh}(2 (d_t - d_k) / \tau + 1) + 1) / 2,
@@ -118,6 +136,9 @@ def stick_breaking_gates(distances: Tensor, tau: float, mask: Tensor | None = No
         tau: temperature > 0 (PRPN's ``resolution``); alpha goes linearly from 1 at
             d_k = d_t to 0 at d_k = d_t + tau.
         mask: BoolTensor [B, T], True at real tokens.
+        query_distances: [B, T] distances q used on the query side instead of d
+            (alpha[b, t, k] from q_t - d_k), e.g. PRPN's predicted distance of the next token
+            for its Predict Network; default d itself.
 
     Returns:
         alpha [B, T, T]; entries with k >= t or a padded t or k are 0 (they are ignored by
@@ -134,12 +155,15 @@ def stick_breaking_gates(distances: Tensor, tau: float, mask: Tensor | None = No
         raise ValueError(f"`tau` must be a finite number > 0, got {tau!r}")
     batch, n = distances.shape
     mask = check_mask("mask", mask, (batch, n), distances.device)
-    diff = distances.unsqueeze(-1) - distances.unsqueeze(-2)  # [B, T, T], d_t - d_k
+    query = _check_query(query_distances, distances)
+    diff = query.unsqueeze(-1) - distances.unsqueeze(-2)  # [B, T, T], d_t - d_k
     alpha = (F.hardtanh(2.0 * diff / tau + 1.0) + 1.0) / 2.0
     return alpha * _pair_mask(mask).to(alpha.dtype)
 
 
-def bradley_terry_gates(distances: Tensor, mask: Tensor | None = None) -> Tensor:
+def bradley_terry_gates(
+    distances: Tensor, mask: Tensor | None = None, query_distances: Tensor | None = None
+) -> Tensor:
     r"""Bradley-Terry gates as stick-breaking continue-probabilities (notes, section 5.3).
 
     .. math:: \alpha[b, t, k] = 1 - p(\alpha'_k = 1) = d_t / (d_t + d_k), \qquad k < t
@@ -152,20 +176,23 @@ def bradley_terry_gates(distances: Tensor, mask: Tensor | None = None) -> Tensor
         distances: [B, T] scores d > 0 at every real position (padded entries are ignored
             but must be finite).
         mask: BoolTensor [B, T], True at real tokens.
+        query_distances: [B, T] scores q > 0 used on the query side instead of d
+            (alpha[b, t, k] = q_t / (q_t + d_k)); default d itself.
 
     Returns:
         alpha [B, T, T]; 0 where k >= t or t or k is padded.
 
     Raises:
-        ValueError: if a real distance is <= 0.
+        ValueError: if a real distance (or query distance) is <= 0.
     """
     distances = _check_distances(distances)
     batch, n = distances.shape
     mask = check_mask("mask", mask, (batch, n), distances.device)
-    if (distances[mask] <= 0).any():
+    query = _check_query(query_distances, distances)
+    if (distances[mask] <= 0).any() or (query[mask] <= 0).any():
         raise ValueError("`distances` must be > 0 at every real position for Bradley-Terry gates")
     safe = torch.where(mask, distances, torch.ones_like(distances))  # [B, T], padding -> 1
-    d_query = safe.unsqueeze(-1)  # [B, T, 1], d_t
+    d_query = torch.where(mask, query, torch.ones_like(query)).unsqueeze(-1)  # [B, T, 1], q_t
     d_key = safe.unsqueeze(-2)  # [B, 1, T], d_k
     alpha = d_query / (d_query + d_key)  # [B, T, T]
     return alpha * _pair_mask(mask).to(alpha.dtype)

@@ -164,7 +164,7 @@ def attention_panels(
     out, fmt = _output_path(path)
     with _rc_context():
         width = len(arrays) * (n * cell + label_w + 0.6) + 1.2
-        fig = _new_figure(width, q * cell + label_h + 1.2)
+        fig = _new_figure(width, q * cell + label_h + 1.2, layout="constrained")
         axes = fig.subplots(1, len(arrays), squeeze=False)[0]
         image = None
         for ax, (name, _, _), w, r in zip(axes, panels, arrays, rows, strict=True):

@@ -1,0 +1,556 @@
+"""Recipe: PRPN (Shen et al., ICLR 2018) -- language modelling on PTB (Table 1) and
+unsupervised constituency parsing on WSJ10 (Table 2), stick-breaking vs Bradley-Terry gates.
+
+Models (the ``model`` field, one table cell each):
+
+* ``prpn-sb``: the full PRPN (:class:`~structattn.models.prpn_lm.PRPNLanguageModel`) with
+  stick-breaking gates (eq. 7, hardtanh with temperature ``tau``),
+* ``prpn-bt``: the same with Bradley-Terry gates (notes, section 5.3),
+* ``prpn-none``: the ablation without parsing network (every gate 1),
+* ``lstm``: an LSTM LM of the same embedding / hidden sizes and layers, tied, same dropout
+  on the output and the same training budget
+  (:class:`~structattn.models.language_model.RNNLanguageModel`).
+
+Everything LM comes from :mod:`structattn.recipes._lm` (the shared LM code: windows of
+``bptt`` tokens, the state carried across them, test perplexity over the whole test stream
+with ``<eos>`` counted). ``score`` adds, for the models with a parsing network, the WSJ10
+parse (``task parse``): the gold trees of NLTK's WSJ sample (sections 00-01; the full WSJ is
+not public, so every UF1 here is on 555 sentences, not the usual 7,422), preprocessed as
+:mod:`structattn.data.treebank` says; each sentence is read after an ``<eos>`` from an empty
+state, its distances d_1..d_n give a binary tree by greedy SPLIT
+(:func:`~structattn.structs.stick_breaking.split_tree`), scored by unlabelled bracket F1
+(:func:`~structattn.metrics.bracket_f1`): sentence-level mean and corpus-level, with and
+without the whole-sentence span. The baselines (left / right branching, balanced, random =
+mean of 5 seeds, binary upper bound) are computed on exactly the same sentences. Note: these
+sentences are inside ``ptb.train.txt`` (as for the paper's WSJ10 evaluation), and the
+Mikolov PTB text is already free of punctuation, lower-cased with numbers as ``N``: the
+parsing model is the LM trained on it (PRPN's separate ``main_UP`` data differs: full WSJ
+with its own 10k vocabulary).
+
+``structattn eval prpn RUN --task parse --predictions P.jsonl`` writes one line per WSJ10
+sentence (``index, file, tree_index, words, gold_spans, predicted_spans, predicted_tree``)
+and prints the UF1s; ``--task parse --sentences FILE`` (``-`` = stdin) parses plain
+sentences, one per line, to bracketed trees (the words normalised as the gold trees'; strip
+punctuation first, the model never saw any); ``viz`` draws induced trees (gold brackets in
+the title) and the distances as bars.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..data.treebank import (
+    TreebankSentence,
+    binarised_spans,
+    branching_spans,
+    load_treebank,
+    normalise_word,
+    random_spans,
+)
+from ..metrics import bracket_f1
+from ..models.language_model import RNNLanguageModel
+from ..models.prpn_lm import PRPNConfig, PRPNLanguageModel
+from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
+from ..training import TrainConfig
+from . import runs
+from ._config import replace_path
+from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus
+from .base import Preset, Recipe, markdown_table
+
+__all__ = [
+    "MODELS",
+    "PAPER_TABLE1",
+    "PAPER_TABLE2",
+    "PARTS",
+    "RECIPE",
+    "PRPNRecipeConfig",
+    "build_model",
+    "parse_baselines",
+    "parse_sentences",
+]
+
+MODELS = ("prpn-sb", "prpn-bt", "prpn-none", "lstm")
+NAMES = {
+    "prpn-sb": "PRPN, stick-breaking",
+    "prpn-bt": "PRPN, Bradley-Terry",
+    "prpn-none": "PRPN without parsing network (gates 1)",
+    "lstm": "LSTM (same size)",
+}
+GATE = {"prpn-sb": "stick-breaking", "prpn-bt": "bradley-terry", "prpn-none": "none"}
+#: Table 1 of the notes (PTB test perplexity); the paper has no Bradley-Terry or ablation row
+PAPER_TABLE1: dict[str, float] = {"prpn-sb": 61.98}
+#: Table 2 of the notes (WSJ10 UF1, full WSJ10) and the full-WSJ sentence F1 of PRPN
+PAPER_TABLE2: dict[str, float] = {
+    "LBRANCH": 28.7,
+    "RANDOM": 34.7,
+    "RBRANCH": 61.7,
+    "PRPN": 66.4,
+    "UPPER BOUND": 88.1,
+    "PRPN full WSJ sentence F1": 38.1,
+}
+
+#: PRPN's published LM optimisation (main_LM.py of yikangshen/PRPN): Adam 0.003 with
+#: betas (0, 0.999), eps 1e-9, weight decay 1e-6, gradient norm 1, lr x0.5 when validation
+#: does not improve for 2 epochs, 100 epochs
+PRPN_TRAIN = TrainConfig(
+    epochs=100,
+    lr=0.003,
+    optimizer="adam",
+    betas=(0.0, 0.999),
+    eps=1e-9,
+    weight_decay=1e-6,
+    max_grad_norm=1.0,
+    decay_factor=0.5,
+    lr_schedule="plateau",
+    plateau_patience=2,
+    normalize_by="tokens",
+    log_every=100,
+)
+
+
+@dataclass(frozen=True)
+class PRPNRecipeConfig:
+    """Settings of the PRPN experiments (defaults: PRPN's published LM configuration,
+    ``main_LM.py`` of yikangshen/PRPN: ``--tied --hard``, emb 800, hidden 1200, 2 layers)."""
+
+    model: Literal["prpn-sb", "prpn-bt", "prpn-none", "lstm"] = "prpn-sb"  # the variant
+    embed_size: int = 800  # word embeddings (= prediction layer, tied softmax)
+    hidden_size: int = 1200  # reader LSTMN / LSTM layers and the parser's conv channels
+    layers: int = 2  # reader (or LSTM) layers
+    num_slots: int = 15  # memory window K of the attention (PRPN's nslots)
+    lookback: int = 5  # tokens the parsing convolution sees (nlookback)
+    tau: float = 0.1  # stick-breaking temperature (resolution)
+    dropout: float = 0.7  # first reader input and output dropout (the LSTM: output, embeddings)
+    input_dropout: float = 0.5  # parser / query / predict / upper reader inputs (idropout)
+    recurrent_dropout: float = 0.5  # variational dropout on the attended state (rdropout)
+    init_range: float = 0.01  # embeddings ~ U(-r, r) (PRPN: 0.01)
+    parse_max_words: int = 10  # WSJ10: parse the gold sentences with at most this many words
+    parse_data_dir: str = ""  # folder of .mrg files ("" = the shared NLTK WSJ sample)
+    lm: LMSettings = field(
+        default_factory=lambda: LMSettings(batch_size=64, eval_batch_size=10)
+    )  # PTB, batch 64, bptt 35
+    train: TrainConfig = field(default_factory=lambda: PRPN_TRAIN)  # Adam 0.003, clip 1
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"`model` must be one of {MODELS}, got {self.model!r}")
+        for name in ("embed_size", "hidden_size", "layers", "num_slots", "lookback"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+
+
+def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
+    """The language model of ``config.model`` (seeded by ``config.train.seed``)."""
+    torch.manual_seed(config.train.seed)
+    if config.model == "lstm":
+        return RNNLanguageModel(
+            vocab_size,
+            config.embed_size,
+            config.hidden_size,
+            num_layers=config.layers,
+            cell="lstm",
+            dropout=config.input_dropout,
+            tie_weights=config.embed_size == config.hidden_size,
+        )
+    return PRPNLanguageModel(
+        PRPNConfig(
+            vocab_size=vocab_size,
+            embed_dim=config.embed_size,
+            hidden_dim=config.hidden_size,
+            num_layers=config.layers,
+            num_slots=config.num_slots,
+            lookback=config.lookback,
+            gate=GATE[config.model],  # type: ignore[arg-type]
+            tau=config.tau,
+            dropout=config.dropout,
+            input_dropout=config.input_dropout,
+            recurrent_dropout=config.recurrent_dropout,
+            tie_weights=True,
+            init_range=config.init_range,
+        )
+    )
+
+
+PARTS = LMRecipeParts("prpn", PRPNRecipeConfig, build_model)
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+_TREEBANKS: dict[tuple[str, int], list[TreebankSentence]] = {}
+
+
+def wsj_sentences(config: PRPNRecipeConfig) -> list[TreebankSentence]:
+    """The gold sentences of the parse evaluation (cached per process)."""
+    key = (config.parse_data_dir, config.parse_max_words)
+    if key not in _TREEBANKS:
+        _TREEBANKS[key] = load_treebank(config.parse_data_dir or None, config.parse_max_words)
+    return _TREEBANKS[key]
+
+
+@torch.no_grad()
+def parse_sentences(
+    model: PRPNLanguageModel,
+    sentences: Sequence[Sequence[str]],
+    encode: Any,
+    batch_size: int = 64,
+) -> list[tuple[list[float], Any]]:
+    """(distances d_1..d_n, SPLIT tree over positions) of each sentence (list of words).
+
+    Every sentence is read after ``<eos>`` (id 0, the sentence boundary of the LM's stream)
+    from an empty state, in padded batches; ``encode(words) -> ids`` maps words to the LM's
+    vocabulary (unknown words -> ``<unk>``).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[tuple[list[float], Any]] = []
+    for start in range(0, len(sentences), batch_size):
+        chunk = sentences[start : start + batch_size]
+        width = 1 + max(len(s) for s in chunk)
+        inputs = torch.zeros(len(chunk), width, dtype=torch.long, device=device)  # [B, 1 + n]
+        mask = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
+        for i, words in enumerate(chunk):
+            inputs[i, 1 : 1 + len(words)] = torch.tensor(encode(words), device=device)
+            mask[i, : 1 + len(words)] = True
+        d = model.distances(inputs, mask)[:, 1:].tolist()  # [B, n], drop the <eos>
+        for words, row in zip(chunk, d, strict=True):
+            values = row[: len(words)]
+            out.append((values, split_tree(values)))
+    return out
+
+
+def _scores(predicted: Sequence[Any], sentences: Sequence[TreebankSentence]) -> dict[str, float]:
+    gold = [s.spans for s in sentences]
+    lengths = [len(s.words) for s in sentences]
+    without = bracket_f1(predicted, gold, lengths).as_dict()
+    rooted = bracket_f1(predicted, gold, lengths, include_root=True).as_dict()
+    return {
+        "uf1_sentence": without["sentence_f1"],
+        "uf1_corpus": without["corpus_f1"],
+        "uf1_sentence_root": rooted["sentence_f1"],
+        "uf1_corpus_root": rooted["corpus_f1"],
+        "sentences": without["sentences"],
+    }
+
+
+def parse_evaluation(
+    model: nn.Module, config: PRPNRecipeConfig, predictions: Path | None = None
+) -> dict[str, Any] | None:
+    """UF1 of the model's SPLIT trees on WSJ10 (None for models without parsing network)."""
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        return None
+    sentences = wsj_sentences(config)
+    vocab = load_corpus(config.lm).vocab
+    parsed = parse_sentences(model, [s.words for s in sentences], vocab.encode)
+    spans = [tree_spans(tree, include_root=True) for _, tree in parsed]
+    if predictions is not None:
+        runs.write_jsonl(
+            predictions,
+            (
+                {
+                    "index": i,
+                    "file": s.file,
+                    "tree_index": s.tree_index,
+                    "words": list(s.words),
+                    "gold_spans": sorted(s.spans),
+                    "predicted_spans": sorted(p),
+                    "predicted_tree": tree_to_brackets(_relabel(tree, list(s.words))),
+                    "distances": d,
+                }
+                for i, (s, p, (d, tree)) in enumerate(zip(sentences, spans, parsed, strict=True))
+            ),
+        )
+    return _scores(spans, sentences)
+
+
+def _relabel(tree: Any, words: Sequence[str]) -> Any:
+    if isinstance(tree, tuple):
+        return (_relabel(tree[0], words), _relabel(tree[1], words))
+    return words[int(tree)]
+
+
+def parse_baselines(sentences: Sequence[TreebankSentence], seeds: int = 5) -> dict[str, Any]:
+    """UF1s of the left / right branching, balanced, random (mean of ``seeds``) trees and of
+    the binary upper bound on ``sentences``."""
+    lengths = [len(s.words) for s in sentences]
+    out: dict[str, Any] = {
+        name: _scores([branching_spans(n, kind) for n in lengths], sentences)  # type: ignore[arg-type]
+        for name, kind in (("LBRANCH", "left"), ("RBRANCH", "right"), ("BALANCED", "balanced"))
+    }
+    per_seed = []
+    for seed in range(seeds):
+        trees = [
+            random_spans(n, random.Random(seed * 1_000_003 + i)) for i, n in enumerate(lengths)
+        ]
+        per_seed.append(_scores(trees, sentences))
+    out["RANDOM"] = {k: statistics.mean(r[k] for r in per_seed) for k in per_seed[0]}
+    out["UPPER BOUND"] = _scores(
+        [binarised_spans(s.spans, len(s.words)) for s in sentences], sentences
+    )
+    return out
+
+
+# ---- train / score / eval ---------------------------------------------------------------------
+def score(config: PRPNRecipeConfig, run_dir: Path) -> dict[str, Any]:
+    """Test perplexity (shared LM code) and, with a parsing network, the WSJ10 parse."""
+    result = PARTS.score(config, run_dir)
+    model, _ = PARTS.load(run_dir, config.train.device)
+    parse = parse_evaluation(model, config, Path(run_dir) / "parse_predictions.jsonl")
+    if parse is not None:
+        result["test"] = {**result["test"], **{f"wsj10_{k}": v for k, v in parse.items()}}
+    return result
+
+
+@dataclass(frozen=True)
+class PRPNEvalOptions(LMEvalOptions):
+    """``structattn eval prpn``'s own flags."""
+
+    task: Literal["lm", "parse"] = "lm"  # perplexity of a split, or the WSJ10 parse
+    sentences: str | None = field(
+        default=None,
+        metadata={"help": "--task parse: parse these plain sentences instead (a file, one per "
+                  "line, or - for stdin)"},
+    )  # fmt: skip
+
+
+def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: Path | None) -> str:
+    """``structattn eval prpn``: perplexity (``--task lm``) or WSJ10 UF1 (``--task parse``)."""
+    if options.task == "lm":
+        return PARTS.evaluate(run_dir, options, device, predictions)
+    model, config = PARTS.load(run_dir, device)
+    if options.sentences is not None:
+        return "\n".join(parse_text(model, config, options.sentences))
+    result = parse_evaluation(model, config, predictions)
+    if result is None:
+        raise ValueError(f"{run_dir}: a {config.model} model has no parsing network to parse with")
+    return (
+        f"prpn WSJ10 ({result['sentences']} sentences of the NLTK WSJ sample): UF1 "
+        f"sentence-level {result['uf1_sentence']:.1f} / corpus-level {result['uf1_corpus']:.1f}"
+        f" without the sentence span, {result['uf1_sentence_root']:.1f} / "
+        f"{result['uf1_corpus_root']:.1f} with it"
+    )
+
+
+def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[str]:
+    """Bracketed SPLIT trees of plain sentences (whitespace-tokenised, one per line; ``-`` =
+    stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        raise ValueError("this model has no parsing network to parse with")
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{source}: no sentences to parse")
+    vocab = load_corpus(config.lm).vocab
+    words = [[normalise_word(w) for w in line] for line in lines]
+    parsed = parse_sentences(model, words, vocab.encode)
+    return [
+        tree_to_brackets(_relabel(tree, line))
+        for line, (_, tree) in zip(lines, parsed, strict=True)
+    ]
+
+
+# ---- tables -----------------------------------------------------------------------------------
+def _fmt(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
+    """Table 1 (perplexity) and Table 2 (WSJ10 UF1 with the baselines) beside the paper's."""
+    rows1 = []
+    for cell, summary in results.items():
+        model = str(cell[0])
+        test, valid = summary.get("test") or {}, summary.get("valid") or {}
+        rows1.append(
+            [
+                NAMES.get(model, model),
+                _fmt(valid.get("perplexity")),
+                _fmt(test.get("perplexity")),
+                _fmt(PAPER_TABLE1.get(model)),
+            ]
+        )
+    table1 = markdown_table(
+        ["Model (Table 1, PTB)", "valid ppl", "test ppl", "test ppl (paper)"], rows1
+    )
+    header = [
+        "Model (Table 2, WSJ10)",
+        "UF1 sent.",
+        "UF1 corpus",
+        "UF1 sent. +root",
+        "UF1 corpus +root",
+        "paper",
+    ]
+    rows2 = []
+    try:
+        baselines = parse_baselines(wsj_sentences(PRPNRecipeConfig()))
+    except (ImportError, FileNotFoundError) as error:
+        print(f"no parse baselines: {error}", file=sys.stderr)
+        baselines = {}
+    for name, scores in baselines.items():
+        rows2.append(
+            [
+                name,
+                *(_fmt(scores[k]) for k in ("uf1_sentence", "uf1_corpus")),
+                *(_fmt(scores[k]) for k in ("uf1_sentence_root", "uf1_corpus_root")),
+                _fmt(PAPER_TABLE2.get(name)),
+            ]
+        )
+    for cell, summary in results.items():
+        test = summary.get("test") or {}
+        if "wsj10_uf1_sentence" not in test:
+            continue
+        model = str(cell[0])
+        rows2.append(
+            [
+                NAMES.get(model, model),
+                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence", "uf1_corpus")),
+                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence_root", "uf1_corpus_root")),
+                _fmt(PAPER_TABLE2["PRPN"]) if model == "prpn-sb" else "-",
+            ]
+        )
+    sentences = next(
+        (int(s["test"]["wsj10_sentences"]) for s in results.values()
+         if "wsj10_sentences" in (s.get("test") or {})),
+        len(wsj_sentences(PRPNRecipeConfig())) if baselines else 0,
+    )  # fmt: skip
+    note = (
+        f"WSJ10 here: {sentences} sentences of NLTK's WSJ sample (sections 00-01), not the "
+        "full WSJ10 (7,422); these sentences are inside ptb.train.txt. UF1 in %, single words "
+        "excluded; '+root' counts the whole-sentence span."
+    )
+    return f"{table1}\n\n{markdown_table(header, rows2)}\n\n{note}"
+
+
+def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
+    from .. import viz
+
+    models = [str(cell[0]) for cell in results]
+    ours = {"ours": [(s.get("test") or {}).get("perplexity") for s in results.values()]}
+    paper = {"ours": [PAPER_TABLE1.get(m) for m in models]}
+    try:
+        return [
+            viz.grouped_bars(
+                [NAMES.get(m, m) for m in models],
+                ours,
+                out / "perplexity.png",
+                reference=paper,
+                title="PTB test perplexity (bars: ours; ticks: paper)",
+                ylabel="perplexity",
+            )
+        ]
+    except ImportError as error:
+        print(f"no plots: {error}", file=sys.stderr)
+        return []
+
+
+# ---- viz --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VizOptions:
+    """``structattn viz prpn``'s own flags."""
+
+    sentences: tuple[int, ...] = (0, 1, 2, 3)  # WSJ10 sentence numbers (0-based, file order)
+
+
+def visualize(
+    checkpoint: str | Path, sentences: tuple[int, ...] = (0, 1, 2, 3), out: str | Path | None = None
+) -> list[Path]:
+    """Induced trees (gold brackets in the title) and the distances as bars of WSJ10 sentences."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .. import viz
+
+    model, config = PARTS.load(checkpoint)
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        raise ValueError(f"a {config.model} run has no parsing network: use prpn-sb or prpn-bt")
+    gold = wsj_sentences(config)
+    vocab = load_corpus(config.lm).vocab
+    out_dir = Path(out) if out else Path(checkpoint)
+    written = []
+    for index in sentences:
+        if not 0 <= index < len(gold):
+            raise ValueError(f"sentence {index} outside 0..{len(gold) - 1} of WSJ10")
+        sentence = gold[index]
+        ((d, tree),) = parse_sentences(model, [sentence.words], vocab.encode)
+        words = list(sentence.words)
+        written.append(
+            viz.bracketed_tree(
+                tree,
+                out_dir / f"parse_{index}.png",
+                tokens=words,
+                title=f"{config.model} on WSJ10 #{index}; gold: {sentence.tree}",
+            )
+        )
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(words)), 2.4))
+        ax.bar(range(len(words)), d, color="#4c72b0")
+        ax.set_xticks(range(len(words)), words, rotation=45, ha="right")
+        ax.set_ylabel("distance d")
+        ax.set_title(f"syntactic distances, WSJ10 #{index}")
+        fig.tight_layout()
+        path = out_dir / f"distances_{index}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
+    return visualize(checkpoint, options.sentences, out)
+
+
+# ---- presets and the record -------------------------------------------------------------------
+#: a small PRPN on the whole PTB: emb = hidden 200, 1 layer, batch 64, 2 epochs (about 15 min
+#: per PRPN epoch on one busy core); the same budget for every model
+_CPU = replace_path(
+    PRPNRecipeConfig(),
+    {"embed_size": 200, "hidden_size": 200, "layers": 1, "dropout": 0.3, "input_dropout": 0.2,
+     "recurrent_dropout": 0.1, "init_range": 0.1, "lm.test_batch_size": 10,
+     "train.epochs": 2, "train.log_every": 200},
+)  # fmt: skip
+_QUICK = replace_path(
+    PRPNRecipeConfig(),
+    {"embed_size": 8, "hidden_size": 8, "layers": 1, "num_slots": 4, "lookback": 3,
+     "init_range": 0.1, "lm.batch_size": 4, "lm.bptt": 10, "lm.eval_batch_size": 2,
+     "lm.test_batch_size": 4, "lm.train_tokens": 400, "lm.eval_tokens": 120,
+     "train.epochs": 1, "train.progress": False, "train.log_every": 10},
+)  # fmt: skip
+
+RECIPE = Recipe(
+    name="prpn",
+    summary="PRPN (Shen et al. 2018): PTB perplexity and WSJ10 unsupervised parsing UF1",
+    config=PRPNRecipeConfig,
+    variant="model",
+    variants=MODELS,
+    presets={
+        "paper": Preset(
+            PRPNRecipeConfig(), "main_LM.py: emb 800, hidden 1200, 2 layers, Adam, 100 epochs"
+        ),
+        "cpu": Preset(_CPU, "emb = hidden 200, 1 layer, whole PTB, 2 epochs per model"),
+        "quick": Preset(_QUICK, "seconds: 400 training tokens, tiny model (smoke tests)"),
+    },
+    train=PARTS.train,
+    score=score,
+    evaluate=evaluate,
+    eval_options=PRPNEvalOptions,
+    table=_table,
+    paper={
+        "source": "PRPN notes (Shen et al. 2018): Table 1 PTB test ppl, Table 2 WSJ10 UF1",
+        **{m: {"perplexity": v} for m, v in PAPER_TABLE1.items()},
+        "wsj10": PAPER_TABLE2,
+    },
+    viz=_viz,
+    viz_options=VizOptions,
+    plots=_plots,
+    needs={"viz": ("matplotlib", "nltk"), "train": ("nltk",), "reproduce": ("nltk",)},
+    resumable=frozenset({"lm.test_batch_size"}),
+)

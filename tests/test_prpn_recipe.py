@@ -1,0 +1,75 @@
+"""PRPN recipe pieces: parsing sentences with a model, the baselines, eval errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("nltk")
+
+from structattn.data.treebank import TreebankSentence, parse_mrg  # noqa: E402
+from structattn.models.prpn_lm import PRPNConfig, PRPNLanguageModel  # noqa: E402
+from structattn.recipes.prpn import (  # noqa: E402
+    PRPNRecipeConfig,
+    build_model,
+    parse_baselines,
+    parse_sentences,
+)
+from structattn.structs.stick_breaking import tree_spans  # noqa: E402
+
+TOY = "( (S (NP (DT the) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat))))) )"
+
+
+def test_parse_sentences_gives_one_binary_tree_per_sentence_in_any_batching() -> None:
+    torch.manual_seed(0)
+    model = PRPNLanguageModel(PRPNConfig(vocab_size=12, embed_dim=6, hidden_dim=8))
+    vocab = {w: i + 2 for i, w in enumerate("the cat sat on mat a dog".split())}
+
+    def encode(words: list[str]) -> list[int]:
+        return [vocab.get(w, 1) for w in words]
+
+    sentences = [["the", "cat", "sat"], ["a"], ["the", "dog", "sat", "on", "the", "mat"]]
+    batched = parse_sentences(model, sentences, encode, batch_size=3)
+    alone = [parse_sentences(model, [s], encode)[0] for s in sentences]
+    for (d, tree), (d1, tree1), words in zip(batched, alone, sentences, strict=True):
+        assert len(d) == len(words) and tree == tree1
+        assert d == pytest.approx(d1, abs=1e-6)
+        assert len(tree_spans(tree, include_root=True)) == len(words) - 1
+
+
+def test_baselines_on_a_hand_made_sentence() -> None:
+    (sentence,) = parse_mrg(TOY)
+    assert isinstance(sentence, TreebankSentence)
+    scores = parse_baselines([sentence], seeds=2)
+    # gold without root: (0,2) (2,6) (3,6) (4,6); right-branching: (1,6) (2,6) (3,6) (4,6)
+    assert scores["RBRANCH"]["uf1_corpus"] == pytest.approx(75.0)
+    # left-branching: (0,2) (0,3) (0,4) (0,5) -> 1 of 4
+    assert scores["LBRANCH"]["uf1_corpus"] == pytest.approx(25.0)
+    assert scores["UPPER BOUND"]["uf1_corpus_root"] == pytest.approx(100.0)
+
+
+def test_build_model_variants() -> None:
+    assert isinstance(
+        build_model(PRPNRecipeConfig(model="prpn-bt", embed_size=4, hidden_size=4), 10),
+        PRPNLanguageModel,
+    )
+    lstm = build_model(PRPNRecipeConfig(model="lstm", embed_size=4, hidden_size=4), 10)
+    assert not isinstance(lstm, PRPNLanguageModel)
+    with pytest.raises(ValueError, match="model"):
+        PRPNRecipeConfig(model="gru")  # type: ignore[arg-type]
+
+
+def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """train quick -> eval --task parse --sentences FILE prints one bracketed tree per line."""
+    from structattn.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "prpn", "--preset", "quick", "--out", str(run)]) == 0
+    text = tmp_path / "s.txt"
+    text.write_text("the cat sat on the mat\n\nit costs 61 dollars\n")
+    capsys.readouterr()
+    checkpoint = next(p.parent for p in run.rglob("model.pt"))
+    args = ["eval", "prpn", "--checkpoint", str(checkpoint), "--task", "parse"]
+    assert main([*args, "--sentences", str(text)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("(")]
+    assert len(lines) == 2 and "61" in lines[1] and lines[0].count("(") == 5  # 6 words
