@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,3 +392,21 @@ def test_train_without_tqdm_runs_with_a_notice(
     assert _cli(*args, "--out", str(tmp_path / "toy")) == 0
     err = capsys.readouterr().err
     assert 'no progress bars without tqdm (pip install "structattn[recipes]")' in err
+
+
+def test_shared_selection_and_seed_summary() -> None:
+    """One selection rule for the classification recipes: accuracy first, the NLL breaks
+    ties without ever outweighing an accuracy step; seeds summarised as mean / sample std."""
+    from structattn.recipes.base import accuracy_metric, seed_spread, valid_accuracy
+
+    assert accuracy_metric(0.51, 99.0) > accuracy_metric(0.50, 0.0)
+    assert accuracy_metric(0.5, 0.1) > accuracy_metric(0.5, 0.2)
+    assert valid_accuracy({"valid": {"accuracy": 70.0, "loss": 0.5}}, scale=0.01) == pytest.approx(
+        0.7 - 5e-7
+    )
+    assert valid_accuracy({"valid": None}) == -math.inf
+    spread = seed_spread([1, 2, 3])
+    assert spread == {"mean": 2.0, "std": 1.0, "runs": [1.0, 2.0, 3.0]}
+    assert seed_spread([4])["std"] == 0.0
+    with pytest.raises(ValueError):
+        seed_spread([])

@@ -46,7 +46,7 @@ from ..models import MEMORY_MODELS, MemoryQA
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
-from .base import GridAxis, Preset, Recipe
+from .base import GridAxis, Preset, Recipe, accuracy_metric
 
 __all__ = [
     "RECIPE",
@@ -274,12 +274,6 @@ def evaluate(
     return {"ans": ans, "fact": fact, "loss": loss, "questions": len(examples)}
 
 
-def _selection_metric(accuracy: float, loss: float) -> float:
-    """Validation answer accuracy (a fraction), ties broken by lower NLL: accuracy moves in
-    steps of 1/|valid| >= 1e-3 for bAbI's 100 validation questions, the NLL term stays < 1e-4."""
-    return accuracy - 1e-6 * min(loss, 99.0)
-
-
 # ---- one run ---------------------------------------------------------------------------------
 def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train one run (model seed ``config.train.seed``) into ``run_dir``; returns fit's
@@ -310,7 +304,7 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, MemoryQA)
         scores = evaluate(m, valid, vocab, device, encoded=valid_encoded)
-        metric = _selection_metric(scores["ans"] / 100, scores["loss"])
+        metric = accuracy_metric(scores["ans"] / 100, scores["loss"])
         return {"metric": metric, "ans": scores["ans"], "loss": scores["loss"]}
 
     def on_epoch_start(m: nn.Module, epoch: int) -> None:
@@ -370,7 +364,7 @@ def load_trained(
 def _select(record: Mapping[str, Any]) -> float:
     """The rule that picked each run's best epoch: validation accuracy, then lower NLL."""
     valid = record["valid"] or {"ans": 0.0, "loss": 0.0}
-    return _selection_metric(valid["ans"] / 100, valid["loss"])
+    return accuracy_metric(valid["ans"] / 100, valid["loss"])
 
 
 def _summarize(config: BabiConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ Protocol of one run (``train`` then ``score``, driven by the runner)::
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -32,8 +33,11 @@ __all__ = [
     "NoOptions",
     "Preset",
     "Recipe",
+    "accuracy_metric",
     "best_on_validation",
     "best_run_scores",
+    "seed_spread",
+    "valid_accuracy",
     "markdown_table",
     "scores_table",
 ]
@@ -73,6 +77,31 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+def accuracy_metric(accuracy: float, loss: float) -> float:
+    """Selection metric of the classification recipes: ``accuracy`` (a fraction or a
+    percentage), ties broken by the lower NLL ``loss`` (its term stays below 1e-4, less than
+    one accuracy step of any validation set here)."""
+    return accuracy - 1e-6 * min(loss, 99.0)
+
+
+def valid_accuracy(record: Mapping[str, Any], scale: float = 1.0) -> float:
+    """``select`` of a run whose record has ``valid: {accuracy, loss}``: :func:`accuracy_metric`
+    of ``scale * accuracy`` (-inf when the run has no validation accuracy)."""
+    valid = record.get("valid") or {}
+    if "accuracy" not in valid:
+        return -math.inf
+    return accuracy_metric(float(valid["accuracy"]) * scale, float(valid.get("loss", 0.0)))
+
+
+def seed_spread(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one run) and the values of a cell's runs."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no runs to summarise")
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": spread, "runs": values}
 
 
 def best_on_validation(record: Mapping[str, Any]) -> float:

@@ -22,8 +22,6 @@ pair.
 
 from __future__ import annotations
 
-import math
-import statistics
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -47,7 +45,15 @@ from ..models.lstmn_text import PAIR_MODELS, PairClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
-from .base import GridAxis, Preset, Recipe, markdown_table
+from .base import (
+    GridAxis,
+    Preset,
+    Recipe,
+    accuracy_metric,
+    markdown_table,
+    seed_spread,
+    valid_accuracy,
+)
 from .nli import NLIConfig, load_data
 
 __all__ = [
@@ -263,7 +269,7 @@ def train(config: LSTMNNLIConfig, run_dir: str | Path, resume: bool = False) -> 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, PairClassifier)
         scores = evaluate(m, valid, vocab)
-        return {"metric": scores["accuracy"] - 1e-6 * min(scores["loss"], 99.0), **scores}
+        return {"metric": accuracy_metric(scores["accuracy"], scores["loss"]), **scores}
 
     def on_epoch_start(m: nn.Module, epoch: int) -> None:
         assert isinstance(m, PairClassifier)
@@ -312,21 +318,16 @@ def score(config: LSTMNNLIConfig, run_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _select(record: Mapping[str, Any]) -> float:
-    valid = record.get("valid") or {}
-    return float(valid.get("accuracy", -math.inf)) - 1e-6 * min(valid.get("loss", 0.0), 99.0)
-
-
 def _summarize(config: LSTMNNLIConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and standard deviation of the test accuracy over the runs; the best run's."""
-    accuracies = [float(r["test"]["accuracy"]) for r in records]
+    spread = seed_spread([r["test"]["accuracy"] for r in records])
     return {
         "model": config.model,
         "dataset": config.dataset,
         "hidden_size": config.hidden_size,
-        "test_mean": statistics.fmean(accuracies),
-        "test_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
-        "test_runs": accuracies,
+        "test_mean": spread["mean"],
+        "test_std": spread["std"],
+        "test_runs": spread["runs"],
         "test": records[0]["test"],
         "valid": records[0]["valid"],
         "coverage": records[0].get("coverage"),
@@ -452,7 +453,7 @@ RECIPE = Recipe(
     },
     train=train,
     score=score,
-    select=_select,
+    select=valid_accuracy,
     summarize=_summarize,
     cell_dir=lambda config: f"{config.dataset}/h{config.hidden_size}/{config.model}",
     grid=(

@@ -21,7 +21,6 @@ the table a paired bootstrap of each variant against ``none`` over the test pair
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import sys
@@ -51,7 +50,7 @@ from ..models.nli import DecomposableAttention
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
-from .base import GridAxis, Preset, Recipe, markdown_table
+from .base import GridAxis, Preset, Recipe, accuracy_metric, markdown_table, valid_accuracy
 
 __all__ = [
     "PAPER_TABLE5",
@@ -413,7 +412,7 @@ def train(config: NLIConfig, run_dir: str | Path, resume: bool = False) -> dict[
         assert isinstance(m, DecomposableAttention)
         scores = evaluate(m, valid_set, device)
         # accuracy first, the NLL breaks ties (it stays below one accuracy step)
-        metric = scores["accuracy"] / 100 - 1e-6 * min(scores["loss"], 99.0)
+        metric = accuracy_metric(scores["accuracy"] / 100, scores["loss"])
         return {"metric": metric, "accuracy": scores["accuracy"], "loss": scores["loss"]}
 
     task = Task(
@@ -482,10 +481,7 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _select(record: Mapping[str, Any]) -> float:
-    valid = record.get("valid") or {}
-    return float(valid.get("accuracy", -math.inf)) / 100 - 1e-6 * min(
-        float(valid.get("loss", 0.0)), 99.0
-    )
+    return valid_accuracy(record, scale=0.01)
 
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
