@@ -170,8 +170,13 @@ def test_a_tiny_model_learns_to_translate_characters(tmp_path: Path) -> None:
     summary = nmt.train(config, tmp_path / "run")
     assert summary["best"]["perplexity"] < 1.5  # from ~|V| = 9 at the start
     scores = nmt.score(config, tmp_path / "run")["test"]
-    assert scores["bleu"] > 60, scores
+    # the toy targets are 1-3 words: corpus BLEU rests on a handful of 4-grams and moves by
+    # 10+ points with float rounding (C++ kernels vs PyTorch), so chrF and exact matches
+    # carry the check (an untrained model scores near 0 on both)
+    assert scores["chrf"] > 60, scores
     records = [json.loads(x) for x in (tmp_path / "run" / "test_predictions.jsonl").open()]
+    exact = sum(r["hypothesis"] == r["reference"] for r in records) / len(records)
+    assert exact >= 0.4, (exact, scores)
     assert [r["index"] for r in records] == list(range(20))
     hyp = (tmp_path / "run" / "test_predictions.hyp.txt").read_text().splitlines()
     assert hyp == [r["hypothesis"] for r in records]
