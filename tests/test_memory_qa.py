@@ -63,7 +63,9 @@ def test_memn2n_one_hop_by_hand() -> None:
     torch.testing.assert_close(out.attention[0, 0], p)
     net.linear_start = True
     lin = net(memory, sentence_lengths, memory_lengths, question, question_lengths)
-    torch.testing.assert_close(lin.attention[0, 0], torch.stack(keys) @ q)
+    scores = torch.stack(keys) @ q  # linear start reads with the raw scores ...
+    torch.testing.assert_close(lin.logits[0], (q + scores @ torch.stack(values)) @ c.T)
+    torch.testing.assert_close(lin.attention[0, 0], p)  # ... and reports their softmax
 
 
 def test_crf_with_one_hop_is_memn2n_attention() -> None:
@@ -140,3 +142,21 @@ def test_init_std_and_option_errors() -> None:
     for bad in ({"init_std": 0.0}, {"random_noise": 1.0}, {"pe_width": (0, 3)}):
         with pytest.raises(ValueError):
             MemoryQA(30, **bad)
+
+
+def test_linear_start_facts_never_point_at_padding() -> None:
+    """In linear start MemN2N reads with raw scores; when every real score is negative the
+    padded slots (0) must still never be the predicted fact (a reproduce once crashed
+    writing predictions for such a run)."""
+    torch.manual_seed(3)
+    net = MemoryQA(30, embed_dim=8, hops=2, memory_size=10).eval()
+    net.linear_start = True
+    memory, sentence_lengths, memory_lengths, question, question_lengths = _batch()
+    with torch.no_grad():
+        for emb in net.embeddings:
+            emb.weight.abs_()
+        net.embeddings[0].weight[1:] *= -1  # question vs keys: every real score < 0
+        net.temporal.zero_()
+    out = net(memory, sentence_lengths, memory_lengths, question, question_lengths)
+    assert (out.facts < memory_lengths.unsqueeze(-1)).all()
+    torch.testing.assert_close(out.attention.sum(-1), torch.ones(3, 2))

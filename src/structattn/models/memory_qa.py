@@ -208,11 +208,11 @@ class MemoryQA(nn.Module):
             weights = []
             for k in range(self.hops):
                 scores = torch.einsum("bmd,bd->bm", embedded[k], q)
-                if self.linear_start:
-                    p = scores.masked_fill(~mask, 0.0)
-                else:
-                    p = masked_softmax(scores, mask)
-                weights.append(p)
+                shown = masked_softmax(scores, mask)  # the reported attention: real slots
+                # linear start reads with the raw scores (no softmax); its argmax over the
+                # real slots is the softmax's, never a padded slot
+                p = scores.masked_fill(~mask, 0.0) if self.linear_start else shown
+                weights.append(shown)
                 q = q + torch.einsum("bm,bmd->bd", p, embedded[k + 1])
             attention = torch.stack(weights, dim=1)  # [B, K, M]
             return MemoryQAOutput(q @ answer_matrix.T, attention, None)
