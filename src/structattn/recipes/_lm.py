@@ -36,8 +36,9 @@ What they do (on :mod:`structattn.data.lm` and the platform's :func:`~structattn
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +62,7 @@ from . import runs
 from ._config import config_from_dict, config_to_dict
 
 __all__ = [
+    "perplexity_bars",
     "PAPER_LM_TRAIN",
     "LMEvalOptions",
     "LMRecipeParts",
@@ -359,3 +361,32 @@ class LMRecipeParts:
             f"{self.recipe} {options.split}: perplexity {result['perplexity']:.2f} "
             f"({result['tokens']} tokens, batch {batch}, {result['seconds']:.1f} s)"
         )
+
+
+def perplexity_bars(
+    results: Mapping[tuple[Any, ...], Mapping[str, Any]],
+    out: Path,
+    paper: Mapping[str, float],
+    names: Mapping[str, str],
+) -> list[Path]:
+    """``plots`` of an LM recipe whose grid is its models: test perplexity per model (bars)
+    beside the paper's (ticks), ``out/perplexity.png``; [] without matplotlib."""
+    from .. import viz
+
+    models = [str(cell[0]) for cell in results]
+    ours = {"ours": [(s.get("test") or {}).get("perplexity") for s in results.values()]}
+    reference = {"ours": [paper.get(m) for m in models]}
+    try:
+        return [
+            viz.grouped_bars(
+                [names.get(m, m) for m in models],
+                ours,
+                out / "perplexity.png",
+                reference=reference,
+                title="PTB test perplexity (bars: ours; ticks: paper)",
+                ylabel="perplexity",
+            )
+        ]
+    except ImportError as error:
+        print(f"no plots: {error}", file=sys.stderr)
+        return []

@@ -21,7 +21,6 @@ is reached" without giving the bound; ours is the ``memory_span`` field (default
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,14 @@ from torch import nn
 from ..models.language_model import LSTMNLanguageModel, RNNLanguageModel
 from ..training import TrainConfig
 from ._config import replace_path
-from ._lm import PAPER_LM_TRAIN, LMEvalOptions, LMRecipeParts, LMSettings, load_corpus
+from ._lm import (
+    PAPER_LM_TRAIN,
+    LMEvalOptions,
+    LMRecipeParts,
+    LMSettings,
+    load_corpus,
+    perplexity_bars,
+)
 from .base import Preset, Recipe, markdown_table
 
 __all__ = [
@@ -146,25 +152,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
 
 
 def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    from .. import viz
-
-    models = [str(cell[0]) for cell in results]
-    ours = {"ours": [(s.get("test") or {}).get("perplexity") for s in results.values()]}
-    paper = {"ours": [PAPER_TABLE1.get(m) for m in models]}
-    try:
-        return [
-            viz.grouped_bars(
-                [NAMES.get(m, m) for m in models],
-                ours,
-                out / "perplexity.png",
-                reference=paper,
-                title="PTB test perplexity (bars: ours; ticks: paper)",
-                ylabel="perplexity",
-            )
-        ]
-    except ImportError as error:
-        print(f"no plots: {error}", file=sys.stderr)
-        return []
+    return perplexity_bars(results, out, PAPER_TABLE1, NAMES)
 
 
 # ---- Figure 4 -------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
 from ..training import TrainConfig
 from . import runs
 from ._config import replace_path
-from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus
+from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus, perplexity_bars
 from .base import Preset, Recipe, markdown_table
 
 __all__ = [
@@ -440,25 +440,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
 
 
 def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    from .. import viz
-
-    models = [str(cell[0]) for cell in results]
-    ours = {"ours": [(s.get("test") or {}).get("perplexity") for s in results.values()]}
-    paper = {"ours": [PAPER_TABLE1.get(m) for m in models]}
-    try:
-        return [
-            viz.grouped_bars(
-                [NAMES.get(m, m) for m in models],
-                ours,
-                out / "perplexity.png",
-                reference=paper,
-                title="PTB test perplexity (bars: ours; ticks: paper)",
-                ylabel="perplexity",
-            )
-        ]
-    except ImportError as error:
-        print(f"no plots: {error}", file=sys.stderr)
-        return []
+    return perplexity_bars(results, out, PAPER_TABLE1, NAMES)
 
 
 # ---- viz --------------------------------------------------------------------------------------
