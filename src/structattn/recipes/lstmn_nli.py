@@ -54,7 +54,7 @@ from .base import (
     seed_spread,
     valid_accuracy,
 )
-from .nli import NLIConfig, load_data
+from .nli import NLIConfig, load_data, write_predictions
 
 __all__ = [
     "PAPER_TABLE3",
@@ -200,19 +200,7 @@ def evaluate(
     gold_ids = [LABELS.encode(ex.label) for ex in examples]
     correct = sum(p == g for p, g in zip(predicted, gold_ids, strict=True))
     if predictions is not None:
-        runs.write_jsonl(
-            predictions,
-            (
-                {
-                    "index": ex.index,
-                    "premise": " ".join(ex.tokens),
-                    "hypothesis": " ".join(ex.pair or ()),
-                    "gold": ex.label,
-                    "predicted": NLI_LABELS[p],
-                }
-                for ex, p in zip(examples, predicted, strict=True)
-            ),
-        )
+        write_predictions(predictions, examples, predicted)
     return {"accuracy": 100.0 * correct / len(examples), "loss": total / len(examples),
             "pairs": len(examples)}  # fmt: skip
 

@@ -53,6 +53,7 @@ from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, accuracy_metric, markdown_table, valid_accuracy
 
 __all__ = [
+    "write_predictions",
     "PAPER_TABLE5",
     "RECIPE",
     "VARIANTS",
@@ -311,6 +312,26 @@ def pipeline_heads(
 
 # ---- evaluation -------------------------------------------------------------------------------
 @torch.no_grad()
+def write_predictions(
+    path: str | Path, examples: Sequence[ClassificationExample], predicted: Sequence[int]
+) -> None:
+    """The NLI predictions JSONL (this recipe's and lstmn-nli's): one line per pair,
+    ``{index, premise, hypothesis, gold, predicted}`` with labels as names."""
+    runs.write_jsonl(
+        path,
+        (
+            {
+                "index": ex.index,
+                "premise": " ".join(ex.tokens),
+                "hypothesis": " ".join(ex.pair or ()),
+                "gold": ex.label,
+                "predicted": NLI_LABELS[p],
+            }
+            for ex, p in zip(examples, predicted, strict=True)
+        ),
+    )
+
+
 def evaluate(
     model: DecomposableAttention,
     encoded: _Encoded,
@@ -335,19 +356,7 @@ def evaluate(
             predicted[i] = p
     correct = [int(p == g) for p, g in zip(predicted, encoded.labels, strict=True)]
     if predictions is not None:
-        runs.write_jsonl(
-            predictions,
-            (
-                {
-                    "index": ex.index,
-                    "premise": " ".join(ex.tokens),
-                    "hypothesis": " ".join(ex.pair or ()),
-                    "gold": ex.label,
-                    "predicted": NLI_LABELS[p],
-                }
-                for ex, p in zip(encoded.examples, predicted, strict=True)
-            ),
-        )
+        write_predictions(predictions, encoded.examples, predicted)
     n = max(len(encoded), 1)
     return {
         "accuracy": 100.0 * sum(correct) / n,
