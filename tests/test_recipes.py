@@ -17,6 +17,7 @@ from torch import nn
 
 from structattn import recipes
 from structattn.cli import main
+from structattn.data.conllu import check_tree, parse_conllu
 from structattn.recipes import Preset, Recipe, runs
 from structattn.recipes._config import config_from_dict, config_to_dict, replace_path
 from structattn.training import Task, TrainConfig, fit, load_model_state
@@ -183,10 +184,39 @@ def _smoke(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra:
         p: t for p, t in before.items() if p.name == "done.json"
     }
 
+    if recipe.parse is not None:
+        _check_parse(name, out, tmp_path, capsys)
+
     if recipe.viz is not None and HAS_MATPLOTLIB:
         assert _cli("viz", name, "--checkpoint", str(out), "--out", str(tmp_path / "viz")) == 0
         files = [Path(line) for line in capsys.readouterr().out.split()]
         assert files and all(f.stat().st_size > 1000 for f in files)
+
+
+def _check_parse(name: str, out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``structattn parse``: one structure per input line over exactly its words."""
+    sentences = [["the", "cat", "sat", "on", "the", "mat"], ["dogs", "bark"], ["yes"]]
+    source = tmp_path / "sentences.txt"
+    source.write_text("".join(" ".join(s) + "\n\n" for s in sentences))  # blank lines skipped
+    target = tmp_path / "parsed.txt"
+    assert _cli("parse", name, "--checkpoint", str(out), "--input", str(source),
+                "--output", str(target)) == 0  # fmt: skip
+    assert "3 sentences parsed" in capsys.readouterr().err
+    text = target.read_text()
+    if name == "parser":  # CoNLL-U: a tree of heads over the words
+        parsed = parse_conllu(text)
+        assert [list(p.words) for p in parsed] == sentences
+        for p in parsed:
+            assert p.heads is not None
+            check_tree(p.heads, single_root=False)
+    else:  # bracketed binary trees with the words in order
+        trees = text.splitlines()
+        assert len(trees) == 3 and all(t.count("(") == t.count(")") for t in trees)
+        assert [t.replace("(", " ").replace(")", " ").split() for t in trees] == sentences
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    assert _cli("parse", name, "--checkpoint", str(out), "--input", str(empty)) == 2
+    assert "no sentences to parse" in capsys.readouterr().err
 
 
 def _extra_args(name: str) -> list[str]:

@@ -145,6 +145,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "eval": "evaluate a trained model; predictions JSONL",
         "reproduce": "train all variants; our table beside the paper's",
         "viz": "plot attention and structures of trained models",
+        "parse": "parse plain sentences (one per line, tokens split by spaces) with a model",
     }
     per_command = {
         name: sub.add_parser(name, help=text).add_subparsers(
@@ -183,6 +184,15 @@ def _build_parser() -> argparse.ArgumentParser:
                 help=f"comma-separated {axis.field} values (default {default})",
             )
         add_config_arguments(p, recipe.config, skip={a.field for a in recipe.grid})
+
+        if recipe.parse is not None:
+            p = per_command["parse"].add_parser(name, help=recipe.summary)
+            p.add_argument("--checkpoint", required=True, help="a run directory or its model.pt")
+            p.add_argument(
+                "--input", default="-", help="sentences, one per line (default -: stdin)"
+            )
+            p.add_argument("--output", default=None, help="write here (default: stdout)")
+            p.add_argument("--device", default="cpu")
 
         if recipe.viz is None:
             continue
@@ -273,6 +283,27 @@ def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:
         print(path)
 
 
+def _cmd_parse(recipe: Any, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .data._files import atomic_write_text
+    from .recipes import runs
+
+    assert recipe.parse is not None
+    source = "stdin" if args.input == "-" else args.input
+    text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
+    sentences = [line.split() for line in text.splitlines() if line.strip()]
+    if not sentences:
+        raise ValueError(f"{source}: no sentences to parse (one per line, tokens split by spaces)")
+    run_dir = runs.resolve_run(recipe, args.checkpoint)
+    parsed = "".join(f"{out}\n" for out in recipe.parse(run_dir, sentences, args.device))
+    if args.output:
+        atomic_write_text(args.output, parsed)
+        print(f"{len(sentences)} sentences parsed into {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(parsed)
+
+
 def _cmd_data(recipe: Any, args: argparse.Namespace) -> None:
     assert recipe.data is not None
     recipe.data(_options(recipe.data_options, args))
@@ -361,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval": _cmd_eval,
         "reproduce": _cmd_reproduce,
         "viz": _cmd_viz,
+        "parse": _cmd_parse,
     }
     try:
         if args.command == "tour":

@@ -174,6 +174,8 @@ class Recipe:
     # out) -> files written
     viz_options: type = NoOptions  # dataclass: viz's own flags
     data: Callable[[Any], None] | None = None  # `structattn data <name>` (generated data sets)
+    parse: Callable[[Path, Sequence[Sequence[str]], str], list[str]] | None = None  # `structattn
+    # parse <name>`: (run, tokenised sentences, device) -> one output text per sentence
     data_options: type = NoOptions  # dataclass: data's flags
     multi_run: bool = False  # True: `train` trains config.runs seeded runs into out/run_NN
     plots: Callable[[Mapping[tuple[Any, ...], Mapping[str, Any]], Path], list[Path]] | None = (

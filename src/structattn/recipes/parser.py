@@ -33,7 +33,9 @@ from ..data.conllu import (
     ConlluSentence,
     attachment_scores,
     default_ud_data_dir,
+    format_conllu,
     heads_tensor,
+    parse_conllu,
     read_conllu,
     write_conllu,
 )
@@ -419,6 +421,20 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
     )
 
 
+def _parse(run_dir: Path, sentences: Sequence[Sequence[str]], device: str) -> list[str]:
+    """``structattn parse parser``: one CoNLL-U block per tokenised sentence (ID, FORM and
+    the predicted HEAD; the other columns ``_``)."""
+    model, _, config = load_trained(run_dir, device)
+    blocks = [
+        "# text = " + " ".join(words) + "\n"
+        + "".join(f"{i}\t{w}\t_\t_\t_\t_\t_\t_\t_\t_\n" for i, w in enumerate(words, 1))
+        for words in sentences
+    ]  # fmt: skip
+    plain = parse_conllu("\n".join(blocks), source="input")
+    heads = parse_sentences(model, config, [s.words for s in plain], device)
+    return [format_conllu([s], [h]).rstrip("\n") + "\n" for s, h in zip(plain, heads, strict=True)]
+
+
 @dataclass(frozen=True)
 class VizOptions:
     """``structattn viz parser``'s own flags."""
@@ -471,4 +487,5 @@ RECIPE = Recipe(
     eval_options=EvalOptions,
     viz=_viz,
     viz_options=VizOptions,
+    parse=_parse,
 )

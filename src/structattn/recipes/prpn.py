@@ -353,12 +353,23 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
 def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[str]:
     """Bracketed SPLIT trees of plain sentences (whitespace-tokenised, one per line; ``-`` =
     stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
-    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
-        raise ValueError("this model has no parsing network to parse with")
     text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     lines = [line.split() for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"{source}: no sentences to parse")
+    return parse_tokens(model, config, lines)
+
+
+def parse_tokens(
+    model: nn.Module, config: PRPNRecipeConfig, lines: Sequence[Sequence[str]]
+) -> list[str]:
+    """Bracketed SPLIT trees (the original words at the leaves) of tokenised sentences, the
+    words normalised as the gold trees' (lower-case, digits -> N) for the model."""
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        raise ValueError("this model has no parsing network to parse with")
+    for i, line in enumerate(lines):
+        if not line:
+            raise ValueError(f"sentence {i} has no words")
     vocab = load_corpus(config.lm).vocab
     words = [[normalise_word(w) for w in line] for line in lines]
     parsed = parse_sentences(model, words, vocab.encode)
@@ -366,6 +377,12 @@ def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[
         tree_to_brackets(_relabel(tree, line))
         for line, (_, tree) in zip(lines, parsed, strict=True)
     ]
+
+
+def _parse(run_dir: Path, sentences: Sequence[Sequence[str]], device: str) -> list[str]:
+    """``structattn parse prpn``: one bracketed tree per sentence."""
+    model, config = PARTS.load(run_dir, device)
+    return parse_tokens(model, config, sentences)
 
 
 # ---- tables -----------------------------------------------------------------------------------
@@ -543,6 +560,7 @@ RECIPE = Recipe(
     },
     viz=_viz,
     viz_options=VizOptions,
+    parse=_parse,
     plots=_plots,
     needs={"viz": ("matplotlib", "nltk"), "train": ("nltk",), "reproduce": ("nltk",)},
     resumable=frozenset({"lm.test_batch_size"}),
