@@ -176,3 +176,19 @@ def test_settings_errors_and_cuts(tmp_path: Path) -> None:
     settings = LMSettings(data_dir=str(corpus), train_tokens=7, eval_tokens=5)
     assert lm_stream(settings, "train").numel() == 7 and lm_stream(settings, "test").numel() == 5
     assert len(load_corpus(settings).vocab) == 6  # the whole train file
+
+
+@pytest.mark.parametrize("recipe", ["mfa-lm", "lstmn-lm"])
+def test_rnn_trains_with_its_own_lr_and_the_window_loss_is_per_row(recipe: str) -> None:
+    from structattn import recipes
+    from structattn.recipes._config import config_from_dict, config_to_dict
+
+    config_class = recipes.get(recipe).config
+    lstm = config_class(model="lstm")
+    assert lstm.train.lr == 0.65 and lstm.train.normalize_by == "examples"
+    rnn = config_class(model="rnn")
+    assert rnn.train.lr == rnn.rnn_lr == 0.1
+    assert config_from_dict(config_class, config_to_dict(rnn)) == rnn  # saved = what ran
+    assert config_class(model="rnn", rnn_lr=0.3).train.lr == 0.3
+    with pytest.raises(ValueError, match="rnn_lr"):
+        config_class(model="rnn", rnn_lr=0.0)

@@ -34,11 +34,13 @@ from ..training import TrainConfig
 from ._config import replace_path
 from ._lm import (
     PAPER_LM_TRAIN,
+    RNN_LR,
     LMEvalOptions,
     LMRecipeParts,
     LMSettings,
     load_corpus,
     perplexity_bars,
+    use_rnn_lr,
 )
 from .base import Preset, Recipe, markdown_table
 
@@ -81,6 +83,7 @@ class LSTMNLMConfig:
     dropout: float = 0.0  # on embeddings, between layers and on outputs (paper: none stated)
     skip_connections: bool = False  # LSTMN-3: also feed the embeddings to layers 2 and 3
     tie_weights: bool = False  # share the embedding and output matrices (needs equal sizes)
+    rnn_lr: float = RNN_LR  # the rnn model's SGD lr (replaces train.lr for it; 0.65 diverges)
     lm: LMSettings = field(default_factory=LMSettings)  # corpus, batch 40, bptt, evaluation
     train: TrainConfig = field(default_factory=lambda: PAPER_LM_TRAIN)  # SGD 0.65, x0.85, clip 5
 
@@ -93,6 +96,9 @@ class LSTMNLMConfig:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
+        if self.rnn_lr <= 0:
+            raise ValueError(f"`rnn_lr` must be > 0, got {self.rnn_lr!r}")
+        use_rnn_lr(self)
 
     @property
     def layers(self) -> int:

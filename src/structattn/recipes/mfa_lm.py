@@ -27,7 +27,7 @@ from ..models.language_model import RNNLanguageModel
 from ..models.mean_field_lm import MeanFieldLanguageModel
 from ..training import TrainConfig
 from ._config import replace_path
-from ._lm import PAPER_LM_TRAIN, LMEvalOptions, LMRecipeParts, LMSettings
+from ._lm import PAPER_LM_TRAIN, RNN_LR, LMEvalOptions, LMRecipeParts, LMSettings, use_rnn_lr
 from .base import GridAxis, Preset, Recipe, markdown_table
 
 __all__ = ["MODELS", "PAPER_TABLES", "PARTS", "RECIPE", "MFALMConfig", "build_model"]
@@ -54,6 +54,7 @@ class MFALMConfig:
     attention_dim: int = 32  # mfa: hidden size of the unary MLP and rank of J
     memory_size: int = 35  # mfa: earlier hidden states each position may attend to
     dropout: float = 0.2  # on the embeddings and on the output layer's input
+    rnn_lr: float = RNN_LR  # the rnn model's SGD lr (replaces train.lr for it; 0.65 diverges)
     lm: LMSettings = field(default_factory=LMSettings)  # batches, bptt, evaluation
     train: TrainConfig = field(default_factory=lambda: replace(PAPER_LM_TRAIN, epochs=20))
 
@@ -71,6 +72,9 @@ class MFALMConfig:
             raise ValueError(f"`iterations` must be >= 0, got {self.iterations}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
+        if self.rnn_lr <= 0:
+            raise ValueError(f"`rnn_lr` must be > 0, got {self.rnn_lr!r}")
+        use_rnn_lr(self)
 
 
 def build_model(config: MFALMConfig, vocab_size: int) -> nn.Module:
