@@ -440,3 +440,20 @@ def test_shared_selection_and_seed_summary() -> None:
     assert seed_spread([4])["std"] == 0.0
     with pytest.raises(ValueError):
         seed_spread([])
+
+
+def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:
+    for name in recipes.names():  # every companion is a registered recipe
+        assert all(other in recipes.names() for other in recipes.get(name).reproduce_also)
+    out = tmp_path / "mfa"
+    args = ("reproduce", "mfa", "--preset", "quick", "--out", str(out), "--tasks", "sorting",
+            "--models", "lstm")  # fmt: skip
+    assert _cli(*args) == 0
+    printed = capsys.readouterr().out
+    assert "== mfa-lm:" in printed and "wikitext-2" in printed  # Tables 2-3 after Table 1
+    cells = json.loads((out / "mfa-lm" / "results.json").read_text())["cells"]
+    assert {(c["cell"]["corpus"], c["cell"]["model"]) for c in cells} == {
+        (corpus, model) for corpus in ("ptb", "wikitext-2") for model in ("rnn", "lstm", "mfa")
+    }
+    assert _cli(*args, "--resume", "--skip-also") == 0
+    assert "== mfa-lm:" not in capsys.readouterr().out

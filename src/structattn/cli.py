@@ -183,6 +183,14 @@ def _build_parser() -> argparse.ArgumentParser:
                 default=default,
                 help=f"comma-separated {axis.field} values (default {default})",
             )
+        if recipe.reproduce_also:
+            also = ", ".join(recipe.reproduce_also)
+            p.add_argument(
+                "--skip-also",
+                action="store_true",
+                help=f"only this recipe's table (default: also {also}, into <out>/<name>, "
+                "with the same --preset, --resume/--force and --jobs)",
+            )
         add_config_arguments(p, recipe.config, skip={a.field for a in recipe.grid})
 
         if recipe.parse is not None:
@@ -272,6 +280,17 @@ def _cmd_reproduce(recipe: Any, args: argparse.Namespace) -> None:
     grid = {a.field: _grid_values(recipe, config, a, getattr(args, a.flag)) for a in recipe.grid}
     out = args.out or os.path.join("runs", recipe.name)
     runs.reproduce(recipe, config, out, grid, args.resume, args.force, _jobs(recipe, args))
+    if getattr(args, "skip_also", True):
+        return
+    from . import recipes
+
+    for name in recipe.reproduce_also:  # the paper's other tables, each on its own grid
+        other = recipes.get(name)
+        base = other.presets[args.preset].config if args.preset else other.config()
+        print(f"\n== {name}: {other.summary} ==")
+        values = {a.field: list(a.values) for a in other.grid}
+        jobs = _jobs(other, args)
+        runs.reproduce(other, base, os.path.join(out, name), values, args.resume, args.force, jobs)
 
 
 def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:

@@ -184,6 +184,8 @@ class Recipe:
     needs: Mapping[str, tuple[str, ...]] = field(  # command -> modules it cannot run without
         default_factory=lambda: {"viz": ("matplotlib",)}
     )
+    reproduce_also: tuple[str, ...] = ()  # recipes whose tables `reproduce` makes too, with the
+    # same preset, into <out>/<name> (e.g. mfa -> mfa-lm: one command for the paper's tables)
     resumable: frozenset[str] = frozenset()  # config fields `--resume` may change besides
     # RESUMABLE's (e.g. how many runs, how the test set is scored)
 

@@ -993,4 +993,5 @@ RECIPE = Recipe(
     data_options=DataOptions,
     multi_run=True,
     plots=_plots,
+    reproduce_also=("mfa-lm",),  # Tables 2-3 (language modelling) are their own recipe
 )
