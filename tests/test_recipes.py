@@ -427,7 +427,13 @@ def test_train_without_tqdm_runs_with_a_notice(
 def test_shared_selection_and_seed_summary() -> None:
     """One selection rule for the classification recipes: accuracy first, the NLL breaks
     ties without ever outweighing an accuracy step; seeds summarised as mean / sample std."""
-    from structattn.recipes.base import accuracy_metric, seed_spread, valid_accuracy
+    from structattn.recipes.base import (
+        accuracy_metric,
+        mean_std_text,
+        seed_spread,
+        seed_summary,
+        valid_accuracy,
+    )
 
     assert accuracy_metric(0.51, 99.0) > accuracy_metric(0.50, 0.0)
     assert accuracy_metric(0.5, 0.1) > accuracy_metric(0.5, 0.2)
@@ -440,6 +446,10 @@ def test_shared_selection_and_seed_summary() -> None:
     assert seed_spread([4])["std"] == 0.0
     with pytest.raises(ValueError):
         seed_spread([])
+    records = [{"test": {"accuracy": a}, "valid": {"accuracy": a}} for a in (80.0, 70.0)]
+    summary = seed_summary(records)
+    assert summary["test"] == {"accuracy": 80.0} and summary["coverage"] is None  # best first
+    assert mean_std_text(summary) == "75.0 +- 7.1 (n=2)"
 
 
 def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:

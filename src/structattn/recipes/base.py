@@ -36,7 +36,9 @@ __all__ = [
     "accuracy_metric",
     "best_on_validation",
     "best_run_scores",
+    "mean_std_text",
     "seed_spread",
+    "seed_summary",
     "valid_accuracy",
     "markdown_table",
     "scores_table",
@@ -102,6 +104,27 @@ def seed_spread(values: Sequence[float]) -> dict[str, Any]:
         raise ValueError("no runs to summarise")
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": spread, "runs": values}
+
+
+def seed_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A multi-run cell's ``summarize`` for accuracy recipes: ``test_mean`` / ``test_std`` /
+    ``test_runs`` of the runs' test accuracy (:func:`seed_spread`) and the best run's
+    (``records[0]``) ``test``, ``valid`` and ``coverage``."""
+    spread = seed_spread([r["test"]["accuracy"] for r in records])
+    return {
+        "test_mean": spread["mean"],
+        "test_std": spread["std"],
+        "test_runs": spread["runs"],
+        "test": records[0]["test"],
+        "valid": records[0]["valid"],
+        "coverage": records[0].get("coverage"),
+    }
+
+
+def mean_std_text(summary: Mapping[str, Any]) -> str:
+    """``"mean +- std (n=runs)"`` of a :func:`seed_summary`, for tables."""
+    runs = len(summary["test_runs"])
+    return f"{summary['test_mean']:.1f} +- {summary['test_std']:.1f} (n={runs})"
 
 
 def best_on_validation(record: Mapping[str, Any]) -> float:

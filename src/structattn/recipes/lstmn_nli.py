@@ -51,7 +51,8 @@ from .base import (
     Recipe,
     accuracy_metric,
     markdown_table,
-    seed_spread,
+    mean_std_text,
+    seed_summary,
     valid_accuracy,
 )
 from .nli import NLIConfig, load_data, write_predictions
@@ -284,6 +285,14 @@ def load_trained(
     run_dir: str | Path, device: str = "cpu"
 ) -> tuple[PairClassifier, WordVocabulary, LSTMNNLIConfig]:
     """The best model of a run directory (``model.pt``), its vocabulary and config."""
+    model, vocab, config, _ = _load(run_dir, device)
+    return model, vocab, config
+
+
+def _load(
+    run_dir: str | Path, device: str
+) -> tuple[PairClassifier, WordVocabulary, LSTMNNLIConfig, dict[str, Any]]:
+    """:func:`load_trained` and the checkpoint's ``extra`` (one read of ``model.pt``)."""
     state = load_model_state(run_dir)
     if state["config"].get("recipe") != "lstmn-nli":
         raise ValueError(f"{run_dir} is not an lstmn-nli run ({state['config'].get('recipe')!r})")
@@ -291,34 +300,28 @@ def load_trained(
     vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
     model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
     model.load_state_dict(state["model"])
-    return model.to(device).eval(), vocab, config
+    return model.to(device).eval(), vocab, config, state["extra"]
 
 
 def score(config: LSTMNNLIConfig, run_dir: str | Path) -> dict[str, Any]:
     """Validation and test accuracy of a trained run; writes ``test_predictions.jsonl``."""
     run_dir = Path(run_dir)
-    model, vocab, _ = load_trained(run_dir, config.train.device)
+    model, vocab, _, extra = _load(run_dir, config.train.device)
     splits = load_pairs(config)
     return {
         "valid": evaluate(model, splits["valid"], vocab),
         "test": evaluate(model, splits["test"], vocab, run_dir / "test_predictions.jsonl"),
-        "coverage": load_model_state(run_dir)["extra"].get("coverage"),
+        "coverage": extra.get("coverage"),
     }
 
 
 def _summarize(config: LSTMNNLIConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and standard deviation of the test accuracy over the runs; the best run's."""
-    spread = seed_spread([r["test"]["accuracy"] for r in records])
     return {
         "model": config.model,
         "dataset": config.dataset,
         "hidden_size": config.hidden_size,
-        "test_mean": spread["mean"],
-        "test_std": spread["std"],
-        "test_runs": spread["runs"],
-        "test": records[0]["test"],
-        "valid": records[0]["valid"],
-        "coverage": records[0].get("coverage"),
+        **seed_summary(records),
     }
 
 
@@ -333,7 +336,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
                 NAMES.get(model, model),
                 str(hidden),
                 s["dataset"],
-                f"{s['test_mean']:.1f} +- {s['test_std']:.1f} (n={len(s['test_runs'])})",
+                mean_std_text(s),
                 f"{s['test']['accuracy']:.1f}",
                 "-" if paper is None else f"{paper:.1f}",
             ]

@@ -54,7 +54,8 @@ from .base import (
     Recipe,
     accuracy_metric,
     markdown_table,
-    seed_spread,
+    mean_std_text,
+    seed_summary,
     valid_accuracy,
 )
 
@@ -286,6 +287,14 @@ def load_trained(
     run_dir: str | Path, device: str = "cpu"
 ) -> tuple[SentenceClassifier, WordVocabulary, LSTMNSSTConfig]:
     """The best model of a run directory (``model.pt``), its vocabulary and config."""
+    model, vocab, config, _ = _load(run_dir, device)
+    return model, vocab, config
+
+
+def _load(
+    run_dir: str | Path, device: str
+) -> tuple[SentenceClassifier, WordVocabulary, LSTMNSSTConfig, dict[str, Any]]:
+    """:func:`load_trained` and the checkpoint's ``extra`` (one read of ``model.pt``)."""
     state = load_model_state(run_dir)
     if state["config"].get("recipe") != "lstmn-sst":
         raise ValueError(f"{run_dir} is not an lstmn-sst run ({state['config'].get('recipe')!r})")
@@ -293,35 +302,25 @@ def load_trained(
     vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
     model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
     model.load_state_dict(state["model"])
-    return model.to(device).eval(), vocab, config
+    return model.to(device).eval(), vocab, config, state["extra"]
 
 
 def score(config: LSTMNSSTConfig, run_dir: str | Path) -> dict[str, Any]:
     """Validation and test accuracy of a trained run; writes ``test_predictions.jsonl``."""
     run_dir = Path(run_dir)
-    model, vocab, _ = load_trained(run_dir, config.train.device)
+    model, vocab, _, extra = _load(run_dir, config.train.device)
     splits = load_splits(config)
     labels = labels_of(config.task)
     return {
         "valid": evaluate(model, splits["valid"], vocab, labels),
         "test": evaluate(model, splits["test"], vocab, labels, run_dir / "test_predictions.jsonl"),
-        "coverage": load_model_state(run_dir)["extra"].get("coverage"),
+        "coverage": extra.get("coverage"),
     }
 
 
 def _summarize(config: LSTMNSSTConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and standard deviation of the test accuracy over the runs; the best run's."""
-    spread = seed_spread([r["test"]["accuracy"] for r in records])
-    return {
-        "model": config.model,
-        "task": config.task,
-        "test_mean": spread["mean"],
-        "test_std": spread["std"],
-        "test_runs": spread["runs"],
-        "test": records[0]["test"],
-        "valid": records[0]["valid"],
-        "coverage": records[0].get("coverage"),
-    }
+    return {"model": config.model, "task": config.task, **seed_summary(records)}
 
 
 def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
@@ -336,8 +335,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
             [
                 NAMES.get(model, model),
                 task,
-                f"{summary['test_mean']:.1f} +- {summary['test_std']:.1f} "
-                f"(n={len(summary['test_runs'])})",
+                mean_std_text(summary),
                 f"{summary['test']['accuracy']:.1f}",
                 f"{paper:.1f}",
             ]
