@@ -60,22 +60,32 @@ def _iterates(unary: Tensor, coupling: Tensor, iterations: int) -> list[Tensor]:
 
 
 class _MeanFieldUpdates(torch.autograd.Function):
-    """The last of :func:`_iterates` as one autograd node: the forward runs the k updates
-    without recording them and keeps the iterates; the backward runs them in reverse by hand
-    (``c_t = g_t s_t (1 - s_t)``, ``dphi = sum_t c_t``, ``dJ = sum_t c_t s_{t-1}^T``,
-    ``g_{t-1} = J^T c_t``). Differentiated again (``create_graph``), the backward is
-    autograd through :func:`_iterates` (any order)."""
+    """The last of :func:`_iterates` as one autograd node with a hand-written backward: the
+    forward runs the k updates unrecorded and keeps the iterates, the backward runs them in
+    reverse (``c_t = g_t s_t (1 - s_t)``, ``dphi = sum_t c_t``, ``dJ = sum_t c_t s_{t-1}^T``,
+    ``g_{t-1} = J^T c_t``). Matrix-vector products are batched ``bmm`` of [N, N] x [N, 1]
+    here (the fastest form without autograd); outer products are broadcast products (as a
+    bmm of [N, 1] x [1, N] they cost several times more, which is why the recorded
+    :func:`_iterates` uses broadcast products and sums). Differentiated again
+    (``create_graph``), the backward is autograd through :func:`_iterates` (any order)."""
 
     @staticmethod
     def forward(ctx: Any, unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
-        trajectory = _iterates(unary, coupling, iterations)  # not recorded (in a Function)
+        n = unary.shape[-1]
+        phi = unary.reshape(-1, n, 1)  # [B', N, 1]
+        matrix = coupling.reshape(-1, n, n)  # [B', N, N]
+        spins = torch.sigmoid(phi)
+        trajectory = [spins]
+        for _ in range(iterations):
+            spins = torch.sigmoid(torch.baddbmm(phi, matrix, spins))  # phi + J s
+            trajectory.append(spins)
         ctx.iterations = iterations
-        ctx.save_for_backward(unary, coupling, torch.stack(trajectory))  # [k + 1, *, N]
-        return trajectory[-1]
+        ctx.save_for_backward(unary, coupling, *trajectory)  # k + 1 iterates [B', N, 1]
+        return spins.view(unary.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        unary, coupling, trajectory = ctx.saved_tensors
+        unary, coupling, *trajectory = ctx.saved_tensors
         wanted = ctx.needs_input_grad[:2]
         if torch.is_grad_enabled():  # differentiated again: autograd through the updates
             inputs = [x for x, w in zip((unary, coupling), wanted, strict=True) if w]
@@ -83,28 +93,39 @@ class _MeanFieldUpdates(torch.autograd.Function):
                 spins = _iterates(unary, coupling, ctx.iterations)[-1]
             grads = iter(torch.autograd.grad(spins, inputs, grad, create_graph=True))
             return (next(grads) if wanted[0] else None, next(grads) if wanted[1] else None, None)
-        slopes = trajectory - trajectory * trajectory  # [k + 1, *, N]  s (1 - s)
-        chis = []  # dL/dchi_t for t = k .. 1
+        n = unary.shape[-1]
+        grad = grad.reshape(-1, n, 1)  # [B', N, 1] dL/ds_k
+        transposed = coupling.reshape(-1, n, n).transpose(1, 2).contiguous()  # [B', N, N] J^T
+        grad_unary: Tensor | None = None
+        grad_coupling: Tensor | None = None
         for t in range(ctx.iterations, 0, -1):
-            chi = grad * slopes[t]  # [*, N]
-            chis.append(chi)
-            grad = (coupling * chi.unsqueeze(-1)).sum(-2)  # [*, N]  J^T c (dL/ds_{t-1})
-        grad_unary = grad * slopes[0]  # through s_0 = sigmoid(phi)
-        grad_coupling = None
-        if chis:
-            stacked = torch.stack(chis[::-1])  # [k, *, N]  t = 1 .. k
-            grad_unary = grad_unary + stacked.sum(0)
+            chi = torch.ops.aten.sigmoid_backward(grad, trajectory[t])  # [B', N, 1] dL/dchi_t
+            grad_unary = chi if grad_unary is None else grad_unary.add_(chi)
             if wanted[1]:  # sum_t c_t s_{t-1}^T
-                grad_coupling = (stacked.unsqueeze(-1) * trajectory[:-1].unsqueeze(-2)).sum(0)
-        return grad_unary if wanted[0] else None, grad_coupling, None
+                outer = (chi, trajectory[t - 1].transpose(1, 2))  # [B', N, 1], [B', 1, N]
+                grad_coupling = (
+                    torch.mul(*outer) if grad_coupling is None else grad_coupling.addcmul_(*outer)
+                )
+            grad = torch.bmm(transposed, chi)  # [B', N, 1]  J^T c = dL/ds_{t-1}
+        first = torch.ops.aten.sigmoid_backward(grad, trajectory[0])  # through sigmoid(phi)
+        grad_unary = first if grad_unary is None else grad_unary.add_(first)
+        return (
+            grad_unary.view(unary.shape) if wanted[0] else None,
+            None if grad_coupling is None else grad_coupling.view(coupling.shape),
+            None,
+        )
 
 
 def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
     """Spins [*, N] after ``iterations`` updates ``s <- sigmoid(phi + J s)`` from
     ``sigmoid(phi)`` with unary [*, N] and coupling [*, N, N] (same leading dimensions), no
     checks and no masking (zero the coupling's columns at padding): the kernel of
-    :func:`mean_field_marginals` and of the mean-field attention layers, one autograd node
-    with a hand-written backward."""
+    :func:`mean_field_marginals` and of the mean-field attention layers. From k = 2 on, one
+    autograd node with a hand-written backward (k = 5, [64, 15, 15], one thread: forward and
+    backward 0.25 -> 0.19 ms); k <= 1 is recorded op by op, cheaper than the node's fixed
+    cost."""
+    if iterations <= 1:
+        return _iterates(unary, coupling, iterations)[-1]
     return _MeanFieldUpdates.apply(unary, coupling, iterations)
 
 
