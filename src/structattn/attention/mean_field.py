@@ -33,6 +33,7 @@ class MeanFieldKeys(NamedTuple):
     pair: Tensor  # [B, N, r]    A h_i (0 at padding)
     mask: Tensor  # [B, N]       True at real positions
     values: Tensor  # [B, N, Dv] v_i
+    off_diagonal: Tensor  # [N, N] 1 - I (J_ii = 0), in the memory's dtype
 
 
 class MeanFieldAttention(nn.Module):
@@ -100,7 +101,8 @@ class MeanFieldAttention(nn.Module):
             raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
         mask = check_mask("mask", mask, (batch, n), memory.device)
         pair = self.pair_memory(memory) * mask.unsqueeze(-1).to(memory.dtype)  # [B, N, r]
-        return MeanFieldKeys(self.unary_memory(memory), pair, mask, values)
+        eye = torch.eye(n, dtype=memory.dtype, device=memory.device)
+        return MeanFieldKeys(self.unary_memory(memory), pair, mask, values, 1 - eye)
 
     def _unary_and_gate(self, query: Tensor, keys: MeanFieldKeys) -> tuple[Tensor, Tensor]:
         """phi [B, Q, N] and the gate (C d_t + c) / sqrt(r) [B, Q, r] for queries [B, Q, Dq]."""
@@ -115,11 +117,11 @@ class MeanFieldAttention(nn.Module):
     def _interactions(self, gate: Tensor, keys: MeanFieldKeys) -> Tensor:
         """J [B, Q, N, N] (zero rows/columns at padding, zero diagonal)."""
         a = keys.pair  # [B, N, r], 0 at padding
+        batch, n, rank = a.shape
         scaled = a.unsqueeze(1) * gate.unsqueeze(2)  # [B, Q, N, r]
-        coupling = torch.matmul(scaled, a.transpose(1, 2).unsqueeze(1))  # [B, Q, N, N]
-        n = a.shape[1]
-        eye = torch.eye(n, dtype=torch.bool, device=a.device)
-        return coupling.masked_fill(eye, 0.0)
+        # one bmm for all the queries (a 4-D matmul broadcasting a^T is ~1.7x slower)
+        coupling = torch.bmm(scaled.reshape(batch, -1, rank), a.transpose(1, 2))  # [B, Q*N, N]
+        return coupling.view(batch, -1, n, n) * keys.off_diagonal  # [B, Q, N, N]
 
     def _spins(self, unary: Tensor, coupling: Tensor, mask: Tensor) -> Tensor:
         """Expected spins [B, Q, N] after k mean-field updates (0 at padding) from phi
