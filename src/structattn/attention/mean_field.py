@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -30,7 +29,7 @@ class MeanFieldKeys(NamedTuple):
     ``keys`` at every decoder step."""
 
     unary: Tensor  # [B, N, r]   W h_i + b
-    pair: Tensor  # [B, N, r]    A h_i (0 at padding)
+    pair: Tensor  # [B, N, r]    A h_i / r^(1/4) (0 at padding): J = (pair * gate) pair^T
     mask: Tensor  # [B, N]       True at real positions
     values: Tensor  # [B, N, Dv] v_i
     off_diagonal: Tensor  # [N, N] 1 - I (J_ii = 0), in the memory's dtype
@@ -100,23 +99,24 @@ class MeanFieldAttention(nn.Module):
         if values.shape[:2] != (batch, n):
             raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
         mask = check_mask("mask", mask, (batch, n), memory.device)
-        pair = self.pair_memory(memory) * mask.unsqueeze(-1).to(memory.dtype)  # [B, N, r]
+        scale = mask.unsqueeze(-1).to(memory.dtype) / self.rank**0.25  # [B, N, 1], 0 at padding
+        pair = self.pair_memory(memory) * scale  # [B, N, r]
         eye = torch.eye(n, dtype=memory.dtype, device=memory.device)
         return MeanFieldKeys(self.unary_memory(memory), pair, mask, values, 1 - eye)
 
     def _unary_and_gate(self, query: Tensor, keys: MeanFieldKeys) -> tuple[Tensor, Tensor]:
-        """phi [B, Q, N] and the gate (C d_t + c) / sqrt(r) [B, Q, r] for queries [B, Q, Dq]."""
+        """phi [B, Q, N] and the gate C d_t + c [B, Q, r] for queries [B, Q, Dq]."""
         if query.shape[0] != keys.unary.shape[0]:
             batch = keys.unary.shape[0]
             raise ValueError(f"`query` has batch {query.shape[0]}, `memory` has {batch}")
         hidden = keys.unary.unsqueeze(1) + self.unary_query(query).unsqueeze(2)  # [B, Q, N, r]
         unary = self.unary_out(torch.tanh(hidden)).squeeze(-1)  # [B, Q, N]
-        gate = self.pair_query(query) / math.sqrt(self.rank)  # [B, Q, r]
+        gate = self.pair_query(query)  # [B, Q, r] (1 / sqrt(r) is in the keys)
         return unary, gate
 
     def _interactions(self, gate: Tensor, keys: MeanFieldKeys) -> Tensor:
         """J [B, Q, N, N] (zero rows/columns at padding, zero diagonal)."""
-        a = keys.pair  # [B, N, r], 0 at padding
+        a = keys.pair  # [B, N, r] A h_i / r^(1/4), 0 at padding
         batch, n, rank = a.shape
         scaled = a.unsqueeze(1) * gate.unsqueeze(2)  # [B, Q, N, r]
         # one bmm for all the queries (a 4-D matmul broadcasting a^T is ~1.7x slower)
