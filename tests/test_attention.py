@@ -315,6 +315,21 @@ def test_mean_field_attention_matches_algorithm_1_and_keys(k: int) -> None:
                                    rtol=0, atol=1e-9)  # fmt: skip
 
 
+def test_mean_field_attention_gradcheck_and_gradgradcheck_with_keys() -> None:
+    # the fused updates' hand-written backward, and autograd through them when the
+    # gradient is differentiated again, through the keyed path of the layer
+    layer = MeanFieldAttention(4, 3, hidden_dim=3, iterations=3).double()
+    memory = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(2, 2, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+
+    def context(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return layer(q, m, mask, keys=layer.precompute(m, mask)).context
+
+    assert torch.autograd.gradcheck(context, (query, memory))
+    assert torch.autograd.gradgradcheck(context, (query, memory))
+
+
 # ---- multi-head ---------------------------------------------------------------------------
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_softmax_matches_torch(batch_first: bool) -> None:

@@ -49,8 +49,8 @@ def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None) -> Tensor:
 def _iterates(unary: Tensor, coupling: Tensor, iterations: int) -> list[Tensor]:
     """The k + 1 iterates [*, N] of ``s <- sigmoid(phi + J s)`` from ``sigmoid(phi)`` for
     unary [*, N] and coupling [*, N, N] (no masking; the operations are recorded)."""
-    # J s is a broadcast product and a sum (a batched bmm of [N, N] x [N, 1] loops over the
-    # batch on the CPU)
+    # J s is a broadcast product and a sum: as a recorded bmm of [N, N] x [N, 1], its
+    # backward would take dJ as a bmm of [N, 1] x [1, N], several times slower on the CPU
     spins = torch.sigmoid(unary)  # [*, N]
     trajectory = [spins]
     for _ in range(iterations):
