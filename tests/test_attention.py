@@ -254,6 +254,82 @@ def test_mean_field_attention_masking_symmetry_and_gradients() -> None:
     _grads_reach_every_parameter(layer, out.context.pow(2).sum())
 
 
+def _mean_field_oracle(layer: MeanFieldAttention, query, memory, mask):
+    """Algorithm 1 with the layer's parameters, item by item and query by query, J built
+    entry by entry (phi, J, spins, context)."""
+    v, w, b = layer.unary_out.weight[0], layer.unary_memory.weight, layer.unary_memory.bias
+    u, a, c, cb = (layer.unary_query.weight, layer.pair_memory.weight,
+                   layer.pair_query.weight, layer.pair_query.bias)  # fmt: skip
+    contexts, spins, unaries, couplings = [], [], [], []
+    for i in range(memory.shape[0]):
+        h = memory[i, mask[i]]  # [n, D] the real positions
+        n = h.shape[0]
+        for d in query[i]:
+            phi = torch.tanh(h @ w.T + b + u @ d) @ v  # [n]
+            gate = (c @ d + cb) / layer.rank**0.5
+            j = torch.stack([torch.stack([((a @ h[p]) * gate * (a @ h[q])).sum() * (p != q)
+                                          for q in range(n)]) for p in range(n)])  # fmt: skip
+            s = torch.sigmoid(phi)
+            for _ in range(layer.iterations):
+                s = torch.sigmoid(phi + j @ s)
+            contexts.append(s @ h)
+            spins.append(s)
+            unaries.append(phi)
+            couplings.append(j)
+    return contexts, spins, unaries, couplings
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_mean_field_attention_matches_algorithm_1_and_keys(k: int) -> None:
+    # precomputed keys and the fused updates (#19) change no number: outputs and gradients
+    # in float64 against the layer's formula, with and without ``keys``
+    torch.manual_seed(k)
+    layer = MeanFieldAttention(D, 4, hidden_dim=5, iterations=k).double()
+    for p in layer.parameters():
+        nn.init.normal_(p, std=0.8)  # strong interactions: the updates matter
+    memory = torch.randn(2, 5, D, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    out = layer(query, memory, MASK)
+    keyed = layer(query, memory, MASK, keys=layer.precompute(memory, MASK))
+    contexts, spins, unaries, couplings = _mean_field_oracle(layer, query, memory, MASK)
+    for i in range(2):
+        n = int(MASK[i].sum())
+        for q in range(3):
+            t = 3 * i + q
+            torch.testing.assert_close(out.context[i, q], contexts[t], rtol=0, atol=1e-10)
+            torch.testing.assert_close(out.weights[i, q, :n], spins[t], rtol=0, atol=1e-10)
+            torch.testing.assert_close(out.unary[i, q, :n], unaries[t], rtol=0, atol=1e-10)
+            torch.testing.assert_close(
+                out.interactions[i, q, :n, :n], couplings[t], rtol=0, atol=1e-10
+            )
+    for got, want in zip(keyed, out, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    inputs = (query, memory, *layer.parameters())
+    seed = torch.randn_like(out.context)
+    oracle = (torch.stack(contexts).view(2, 3, D) * seed).sum()
+    want = torch.autograd.grad(oracle, inputs, allow_unused=True)  # k = 0: J is unused
+    got = torch.autograd.grad((keyed.context * seed).sum(), inputs, allow_unused=True)
+    for g, r, x in zip(got, want, inputs, strict=True):
+        zero = torch.zeros_like(x)
+        torch.testing.assert_close(zero if g is None else g, zero if r is None else r,
+                                   rtol=0, atol=1e-9)  # fmt: skip
+
+
+def test_mean_field_attention_gradcheck_and_gradgradcheck_with_keys() -> None:
+    # the fused updates' hand-written backward, and autograd through them when the
+    # gradient is differentiated again, through the keyed path of the layer
+    layer = MeanFieldAttention(4, 3, hidden_dim=3, iterations=3).double()
+    memory = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(2, 2, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+
+    def context(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return layer(q, m, mask, keys=layer.precompute(m, mask)).context
+
+    assert torch.autograd.gradcheck(context, (query, memory))
+    assert torch.autograd.gradgradcheck(context, (query, memory))
+
+
 # ---- multi-head ---------------------------------------------------------------------------
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_softmax_matches_torch(batch_first: bool) -> None:

@@ -17,6 +17,9 @@ from types import ModuleType
 import pytest
 import torch
 
+from structattn.data.synthetic import sorting_examples
+from structattn.recipes import mfa
+
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
 
@@ -142,17 +145,32 @@ def test_transformer_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_mfa_step_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """``benchmarks/mfa_step.py --quick`` prints one finite ratio per model (softmax = 1)."""
+    """``benchmarks/mfa_step.py --quick`` prints two finite ratios per model (to the softmax
+    and to the keyed softmax attention, each 1 for itself)."""
     module = _load_script("mfa_step.py")
     threads = torch.get_num_threads()
     try:
         assert module.main(["--quick", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
     finally:
         torch.set_num_threads(threads)
-    rows = capsys.readouterr().out.splitlines()[2:]
-    ratios = {line.split()[0]: float(line.split()[-1]) for line in rows}
-    assert set(ratios) == set(module.CONFIGS) and ratios["attention"] == 1.0
-    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    ratios = {row[0]: (float(row[2]), float(row[3])) for row in rows}
+    assert set(ratios) == set(module.CONFIGS)
+    assert ratios["attention"][0] == 1.0 and ratios["attention+keys"][1] == 1.0
+    assert all(math.isfinite(r) and r > 0 for pair in ratios.values() for r in pair)
+
+
+def test_mfa_step_keyed_softmax_reference_gives_the_same_logits() -> None:
+    """The stricter reference of ``mfa_step.py`` (W h once per sequence) is the same model."""
+    module = _load_script("mfa_step.py")
+    data = mfa.collate(sorting_examples(4, range(2, 6), 0, "t"), torch.device("cpu"), 99)
+    model = mfa.build_model(mfa.MFAConfig(model="attention", hidden_dim=8, attention_dim=4))
+    plain = model(data.source, data.source_mask, data.target_in)
+    keyed = module.KeyedSoftmaxAttention(8, 8, "mlp", 4)
+    keyed.load_state_dict(model.attention.state_dict())
+    model.attention = keyed
+    out = model(data.source, data.source_mask, data.target_in)
+    torch.testing.assert_close(out, plain, rtol=0, atol=1e-6)
 
 
 def test_a_wrong_peer_is_a_finding_and_only_ours_fails_the_run(capsys) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -20,6 +20,7 @@ from structattn.models import (
     ATTENTIONS,
     ENCODERS,
     BeamResult,
+    KeyedAttention,
     RecurrentEncoder,
     Seq2Seq,
     Seq2SeqConfig,
@@ -226,6 +227,49 @@ def test_any_layer_with_the_call_and_a_penalty_can_be_injected() -> None:
     layer = MeanFieldAttention(config.memory_dim, config.hidden_dim, iterations=1)
     model = Seq2Seq(config, attention=layer)
     assert model.attention is layer and torch.isfinite(model(source, mask, target_in)).all()
+
+
+@pytest.mark.parametrize("feeding", [True, False])
+def test_keyed_attention_precomputed_once_gives_the_same_model(feeding: bool) -> None:
+    # MeanFieldAttention is a KeyedAttention: its memory projections are computed once per
+    # sequence (#19); the same logits, gradients and greedy outputs as calling the layer in
+    # full at every step, and forward hooks still see every step
+    class Plain(nn.Module):  # the same layer, not keyed
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, query: Tensor, memory: Tensor, mask: Tensor) -> Any:
+            return self.layer(query, memory, mask)
+
+    config = tiny(input_feeding=feeding)
+    torch.manual_seed(0)
+    layer = MeanFieldAttention(config.memory_dim, config.hidden_dim, iterations=3)
+    keyed = Seq2Seq(config, attention=layer).double()
+    plain = Seq2Seq(config, attention=Plain(layer)).double()
+    plain.load_state_dict({k.replace("attention.", "attention.layer.", 1): v
+                           for k, v in keyed.state_dict().items()})  # fmt: skip
+    assert isinstance(keyed.attention, KeyedAttention)
+    assert not isinstance(plain.attention, KeyedAttention)
+    source, mask, target_in, _ = batch(config)
+    calls: list[int] = []
+    handle = layer.register_forward_hook(lambda *_: calls.append(1))
+    out = keyed(source, mask, target_in)
+    handle.remove()
+    assert len(calls) == (target_in.shape[1] if feeding else 1)
+    ref = plain(source, mask, target_in)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    seed = torch.randn_like(out)
+    got = torch.autograd.grad((out * seed).sum(), list(keyed.parameters()))
+    want = torch.autograd.grad((ref * seed).sum(), list(plain.parameters()))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    keyed.eval()
+    plain.eval()
+    assert (
+        keyed.beam_search(source, mask, BOS, EOS, 2, 6).tokens
+        == plain.beam_search(source, mask, BOS, EOS, 2, 6).tokens
+    )
 
 
 def test_dropout_only_in_training() -> None:

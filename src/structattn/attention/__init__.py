@@ -5,7 +5,7 @@ NamedTuple with the context vector(s) and the attention weights or marginals.
 """
 
 from .basic import AttentionOutput, SegmentationAttention, SigmoidAttention, SoftmaxAttention
-from .mean_field import MeanFieldAttention, MeanFieldAttentionOutput
+from .mean_field import MeanFieldAttention, MeanFieldAttentionOutput, MeanFieldKeys
 from .memory_crf import MemoryCRFAttention, MemoryCRFOutput
 from .multihead import StructuredMultiheadAttention
 from .scorers import BilinearScorer, DotScorer, MLPScorer, Scorer, make_scorer
@@ -20,6 +20,7 @@ __all__ = [
     "MLPScorer",
     "MeanFieldAttention",
     "MeanFieldAttentionOutput",
+    "MeanFieldKeys",
     "MemoryCRFAttention",
     "MemoryCRFOutput",
     "Scorer",

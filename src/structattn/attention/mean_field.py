@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from ._common import check_attention_inputs
-from .normalizers import mean_field_weights
+from .._validation import check_mask
+from ..structs.mean_field import mean_field_updates
+from ._common import as_queries, check_attention_inputs, check_memory
 
-__all__ = ["MeanFieldAttention", "MeanFieldAttentionOutput"]
+__all__ = ["MeanFieldAttention", "MeanFieldAttentionOutput", "MeanFieldKeys"]
 
 
 class MeanFieldAttentionOutput(NamedTuple):
@@ -21,6 +21,18 @@ class MeanFieldAttentionOutput(NamedTuple):
     weights: Tensor  # [B, Q, N]     expected spins s_i = p(s_i = 1) (0 at padding)
     unary: Tensor  # [B, Q, N]       phi_i
     interactions: Tensor  # [B, Q, N, N]  J_ij (the interaction map; 0 at padding)
+
+
+class MeanFieldKeys(NamedTuple):
+    """The query-independent parts of :class:`MeanFieldAttention`'s potentials for one
+    memory (:meth:`MeanFieldAttention.precompute`): computed once per sequence, passed as
+    ``keys`` at every decoder step."""
+
+    unary: Tensor  # [B, N, r]   W h_i + b
+    pair: Tensor  # [B, N, r]    A h_i / r^(1/4) (0 at padding): J = (pair * gate) pair^T
+    mask: Tensor  # [B, N]       True at real positions
+    values: Tensor  # [B, N, Dv] v_i
+    off_diagonal: Tensor  # [N, N] 1 - I (J_ii = 0), in the memory's dtype
 
 
 class MeanFieldAttention(nn.Module):
@@ -44,7 +56,11 @@ class MeanFieldAttention(nn.Module):
         iterations: k (default 3; the paper's MFA_k).
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` [B, N]
-    (True = real; any pattern), ``values`` [B, N, Dv] (default: memory).
+    (True = real; any pattern), ``values`` [B, N, Dv] (default: memory); optionally
+    ``keys`` = :meth:`precompute` of that memory, mask and values: decoders that attend to
+    one memory at every step compute its projections once per sequence that way (the same
+    numbers). The k updates are one autograd node with a hand-written backward
+    (:func:`~structattn.structs.mean_field.mean_field_updates`).
 
     Example:
         >>> attn = MeanFieldAttention(8, iterations=2)
@@ -72,18 +88,55 @@ class MeanFieldAttention(nn.Module):
         self.pair_memory = nn.Linear(memory_dim, hidden_dim, bias=False)  # A h_i
         self.pair_query = nn.Linear(query_dim, hidden_dim)  # C d_t + c
 
+    def precompute(
+        self, memory: Tensor, mask: Tensor | None = None, values: Tensor | None = None
+    ) -> MeanFieldKeys:
+        """The query-independent projections of ``memory`` [B, N, Dm] (the ``keys`` of
+        :meth:`forward`)."""
+        memory = check_memory(memory)
+        batch, n, _ = memory.shape
+        values = memory if values is None else check_memory(values, "values")
+        if values.shape[:2] != (batch, n):
+            raise ValueError(f"`values` must have shape [{batch}, {n}, Dv]")
+        mask = check_mask("mask", mask, (batch, n), memory.device)
+        scale = mask.unsqueeze(-1).to(memory.dtype) / self.rank**0.25  # [B, N, 1], 0 at padding
+        pair = self.pair_memory(memory) * scale  # [B, N, r]
+        eye = torch.eye(n, dtype=memory.dtype, device=memory.device)
+        return MeanFieldKeys(self.unary_memory(memory), pair, mask, values, 1 - eye)
+
+    def _unary_and_gate(self, query: Tensor, keys: MeanFieldKeys) -> tuple[Tensor, Tensor]:
+        """phi [B, Q, N] and the gate C d_t + c [B, Q, r] for queries [B, Q, Dq]."""
+        if query.shape[0] != keys.unary.shape[0]:
+            batch = keys.unary.shape[0]
+            raise ValueError(f"`query` has batch {query.shape[0]}, `memory` has {batch}")
+        hidden = keys.unary.unsqueeze(1) + self.unary_query(query).unsqueeze(2)  # [B, Q, N, r]
+        unary = self.unary_out(torch.tanh(hidden)).squeeze(-1)  # [B, Q, N]
+        gate = self.pair_query(query)  # [B, Q, r] (1 / sqrt(r) is in the keys)
+        return unary, gate
+
+    def _interactions(self, gate: Tensor, keys: MeanFieldKeys) -> Tensor:
+        """J [B, Q, N, N] (zero rows/columns at padding, zero diagonal)."""
+        a = keys.pair  # [B, N, r] A h_i / r^(1/4), 0 at padding
+        batch, n, rank = a.shape
+        scaled = a.unsqueeze(1) * gate.unsqueeze(2)  # [B, Q, N, r]
+        # one bmm for all the queries (a 4-D matmul broadcasting a^T is ~1.7x slower)
+        coupling = torch.bmm(scaled.reshape(batch, -1, rank), a.transpose(1, 2))  # [B, Q*N, N]
+        return coupling.view(batch, -1, n, n) * keys.off_diagonal  # [B, Q, N, N]
+
+    def _spins(self, unary: Tensor, coupling: Tensor, mask: Tensor) -> Tensor:
+        """Expected spins [B, Q, N] after k mean-field updates (0 at padding) from phi
+        [B, Q, N], J [B, Q, N, N] and the mask [B, N]."""
+        keep = mask.unsqueeze(1).to(unary.dtype)  # [B, 1, N]
+        if self.iterations == 0:  # sigmoid attention
+            return torch.sigmoid(unary) * keep
+        # J's columns are 0 at padding, so padded spins never reach the real ones
+        return mean_field_updates(unary, coupling, self.iterations) * keep
+
     def potentials(self, query: Tensor, memory: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """phi [B, Q, N] and J [B, Q, N, N] (zero rows/columns at padding, zero diagonal)."""
-        hidden = self.unary_memory(memory).unsqueeze(1) + self.unary_query(query).unsqueeze(2)
-        unary = self.unary_out(torch.tanh(hidden)).squeeze(-1)  # [B, Q, N]
-        a = self.pair_memory(memory)  # [B, N, r]
-        gate = self.pair_query(query)  # [B, Q, r]
-        scaled = a.unsqueeze(1) * (gate / math.sqrt(self.rank)).unsqueeze(2)  # [B, Q, N, r]
-        coupling = torch.matmul(scaled, a.transpose(1, 2).unsqueeze(1))  # [B, Q, N, N]
-        n = memory.shape[1]
-        keep = mask.unsqueeze(-1) & mask.unsqueeze(-2)  # [B, N, N]
-        keep = keep & ~torch.eye(n, dtype=torch.bool, device=memory.device)
-        return unary, coupling.masked_fill(~keep.unsqueeze(1), 0.0)
+        keys = self.precompute(memory, mask)
+        unary, gate = self._unary_and_gate(query, keys)
+        return unary, self._interactions(gate, keys)
 
     def forward(
         self,
@@ -91,11 +144,19 @@ class MeanFieldAttention(nn.Module):
         memory: Tensor,
         mask: Tensor | None = None,
         values: Tensor | None = None,
+        keys: MeanFieldKeys | None = None,
     ) -> MeanFieldAttentionOutput:
-        query3, single, memory, mask, values = check_attention_inputs(query, memory, mask, values)
-        unary, coupling = self.potentials(query3, memory, mask)  # [B, Q, N], [B, Q, N, N]
-        spins = mean_field_weights(unary, coupling, mask.unsqueeze(1), self.iterations)
-        context = torch.bmm(spins, values)  # [B, Q, Dv]
+        if keys is None:
+            query3, single, memory, mask, values = check_attention_inputs(
+                query, memory, mask, values
+            )
+            keys = self.precompute(memory, mask, values)
+        else:  # memory, mask and values are in the keys
+            query3, single = as_queries(query)
+        unary, gate = self._unary_and_gate(query3, keys)  # [B, Q, N], [B, Q, r]
+        coupling = self._interactions(gate, keys)  # [B, Q, N, N]
+        spins = self._spins(unary, coupling, keys.mask)  # [B, Q, N]
+        context = torch.bmm(spins, keys.values)  # [B, Q, Dv]
         out = MeanFieldAttentionOutput(context, spins, unary, coupling)
         if single:
             return MeanFieldAttentionOutput(*(t[:, 0] for t in out))

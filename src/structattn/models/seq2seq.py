@@ -27,7 +27,7 @@ Decoding is :func:`~structattn.models.decoding.beam_search` against :meth:`Seq2S
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,7 @@ __all__ = [
     "BeamResult",
     "DecoderState",
     "EncoderOutput",
+    "KeyedAttention",
     "RecurrentEncoder",
     "Seq2Seq",
     "Seq2SeqConfig",
@@ -205,6 +206,15 @@ def source_lengths(source: Tensor, source_mask: Tensor) -> Tensor:
     return lengths
 
 
+@runtime_checkable
+class KeyedAttention(Protocol):
+    """An attention layer whose query-independent work on the memory can be done once per
+    sequence: ``keys = precompute(memory, mask)``, then ``layer(query, memory, mask,
+    keys=keys)`` at every decoder step (the same output as without ``keys``)."""
+
+    def precompute(self, memory: Tensor, mask: Tensor | None = None) -> Any: ...
+
+
 class EncoderOutput(NamedTuple):
     """What the decoder attends to."""
 
@@ -282,7 +292,9 @@ class Seq2Seq(nn.Module):
             config.memory_dim, config.hidden_dim, config.scorer)``. Any module called as
             ``attention(query [B, T, l], memory [B, N, M], mask [B, N]) -> out`` with
             ``out.context`` [B, T, M] fits; a ``penalty()`` method, if it has one, is added
-            to the loss by :meth:`penalty` / :meth:`loss`.
+            to the loss by :meth:`penalty` / :meth:`loss`. A layer that is a
+            :class:`KeyedAttention` (e.g. :class:`MeanFieldAttention`) gets its
+            ``precompute(memory, mask)`` once per sequence as ``keys=`` at every step.
 
     Submodules: ``source_embedding``, ``target_embedding`` (the same module with
     ``share_embeddings``), ``encoder`` (:class:`RecurrentEncoder`, None with 0 layers),
@@ -378,36 +390,61 @@ class Seq2Seq(nn.Module):
         return encoded, DecoderState(h, c, memory.new_zeros(batch, hidden))
 
     # ---- decoder ----------------------------------------------------------------------------
-    def _attend(self, hidden: Tensor, memory: Tensor, source_mask: Tensor) -> Tensor:
+    def precompute(self, memory: Tensor, source_mask: Tensor) -> Any:
+        """The attention's per-sequence keys for :meth:`decode_step` (None unless the
+        attention is a :class:`KeyedAttention`)."""
+        if isinstance(self.attention, KeyedAttention):
+            return self.attention.precompute(memory, source_mask)
+        return None
+
+    def _attend(
+        self, hidden: Tensor, memory: Tensor, source_mask: Tensor, keys: Any = None
+    ) -> Tensor:
         """Attentional vectors h~ = tanh(U [c; h']) [B, T, l] for decoder states h' [B, T, l]."""
-        context = self.attention(hidden, memory, source_mask).context  # c [B, T, M]
+        if keys is None:
+            context = self.attention(hidden, memory, source_mask).context  # c [B, T, M]
+        else:
+            context = self.attention(hidden, memory, source_mask, keys=keys).context
         return torch.tanh(self.combine(torch.cat([context, hidden], dim=-1)))
 
     def _drop(self, x: Tensor) -> Tensor:
         return self.dropout(x) if self.config.dropout > 0 else x
 
     def _decode(
-        self, inputs: Tensor, state: DecoderState, memory: Tensor, source_mask: Tensor
+        self,
+        inputs: Tensor,
+        state: DecoderState,
+        memory: Tensor,
+        source_mask: Tensor,
+        keys: Any = None,
     ) -> tuple[Tensor, DecoderState]:
         """One decoder step: embedded inputs [B, E] -> attentional vector h~ [B, l], state."""
         if self.config.input_feeding:
             inputs = torch.cat([inputs, state.feed], dim=-1)  # [B, E + l]
         hx = (state.hidden.transpose(0, 1).contiguous(), state.cell.transpose(0, 1).contiguous())
         hidden, (h, c) = self.decoder(inputs.unsqueeze(1), hx)  # [B, 1, l], [L, B, l]
-        attentional = self._attend(hidden, memory, source_mask)[:, 0]  # [B, l]
+        attentional = self._attend(hidden, memory, source_mask, keys)[:, 0]  # [B, l]
         return attentional, DecoderState(h.transpose(0, 1), c.transpose(0, 1), attentional)
 
     def decode_step(
-        self, tokens: Tensor, state: DecoderState, memory: Tensor, source_mask: Tensor
+        self,
+        tokens: Tensor,
+        state: DecoderState,
+        memory: Tensor,
+        source_mask: Tensor,
+        keys: Any = None,
     ) -> tuple[Tensor, DecoderState]:
-        """Logits [B, V] of the token after ``tokens`` [B], and the next state."""
-        attentional, state = self._decode(self.target_embedding(tokens), state, memory, source_mask)
+        """Logits [B, V] of the token after ``tokens`` [B], and the next state (``keys``:
+        :meth:`precompute` of ``memory``, optional)."""
+        embedded = self.target_embedding(tokens)  # [B, E]
+        attentional, state = self._decode(embedded, state, memory, source_mask, keys)
         return self.output(self._drop(attentional)), state
 
     def forward(self, source: Tensor, source_mask: Tensor, target_in: Tensor) -> Tensor:
         """Teacher-forced logits [B, T, V] for target inputs [B, T] (BOS + tokens)."""
         encoded, state = self.init_state(source, source_mask)
         memory = encoded.memory
+        keys = self.precompute(memory, source_mask)  # once per sequence (None: not keyed)
         inputs = self.target_embedding(target_in)  # [B, T, E]
         if not self.config.input_feeding:  # all steps in one LSTM call
             hx = (
@@ -415,11 +452,11 @@ class Seq2Seq(nn.Module):
                 state.cell.transpose(0, 1).contiguous(),
             )
             hidden, _ = self.decoder(inputs, hx)  # [B, T, l]
-            attentional = self._attend(hidden, memory, source_mask)  # [B, T, l]
+            attentional = self._attend(hidden, memory, source_mask, keys)  # [B, T, l]
         else:  # h~_{j-1} is an input of step j
             steps = []
             for j in range(inputs.shape[1]):
-                out, state = self._decode(inputs[:, j], state, memory, source_mask)
+                out, state = self._decode(inputs[:, j], state, memory, source_mask, keys)
                 steps.append(out)
             attentional = torch.stack(steps, dim=1)  # [B, T, l]
         return self.output(self._drop(attentional))
@@ -467,9 +504,10 @@ class Seq2Seq(nn.Module):
         encoded, state = self.init_state(source, source_mask)
         memory = encoded.memory.repeat_interleave(beam_size, dim=0)  # [B*K, N, M]
         mask = source_mask.repeat_interleave(beam_size, dim=0)  # [B*K, N]
+        keys = self.precompute(memory, mask)
 
         def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-            logits, state = self.decode_step(tokens, state, memory, mask)
+            logits, state = self.decode_step(tokens, state, memory, mask, keys)
             return F.log_softmax(logits, dim=-1), state
 
         return beam_search(

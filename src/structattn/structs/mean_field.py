@@ -20,12 +20,14 @@ trajectory returned by ``mean_field_marginals(..., return_trajectory=True)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from .._validation import check_potentials
 
-__all__ = ["mean_field_free_energy", "mean_field_marginals"]
+__all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
 
 
 def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None) -> Tensor:
@@ -42,6 +44,89 @@ def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None) -> Tensor:
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (batch, n):
         raise ValueError(f"`mask` must be a BoolTensor of shape ({batch}, {n})")
     return mask.to(unary.device)
+
+
+def _iterates(unary: Tensor, coupling: Tensor, iterations: int) -> list[Tensor]:
+    """The k + 1 iterates [*, N] of ``s <- sigmoid(phi + J s)`` from ``sigmoid(phi)`` for
+    unary [*, N] and coupling [*, N, N] (no masking; the operations are recorded)."""
+    # J s is a broadcast product and a sum: as a recorded bmm of [N, N] x [N, 1], its
+    # backward would take dJ as a bmm of [N, 1] x [1, N], several times slower on the CPU
+    spins = torch.sigmoid(unary)  # [*, N]
+    trajectory = [spins]
+    for _ in range(iterations):
+        spins = torch.sigmoid(unary + (coupling * spins.unsqueeze(-2)).sum(-1))  # phi + J s
+        trajectory.append(spins)
+    return trajectory
+
+
+class _MeanFieldUpdates(torch.autograd.Function):
+    """The last of :func:`_iterates` as one autograd node with a hand-written backward: the
+    forward runs the k updates unrecorded and keeps the iterates, the backward runs them in
+    reverse (``c_t = g_t s_t (1 - s_t)``, ``dphi = sum_t c_t``, ``dJ = sum_t c_t s_{t-1}^T``,
+    ``g_{t-1} = J^T c_t``). Matrix-vector products are batched ``bmm`` of [N, N] x [N, 1]
+    here (the fastest form without autograd); outer products are broadcast products (as a
+    bmm of [N, 1] x [1, N] they cost several times more, which is why the recorded
+    :func:`_iterates` uses broadcast products and sums). Differentiated again
+    (``create_graph``), the backward is autograd through :func:`_iterates` (any order)."""
+
+    @staticmethod
+    def forward(ctx: Any, unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
+        n = unary.shape[-1]
+        phi = unary.reshape(-1, n, 1)  # [B', N, 1]
+        matrix = coupling.reshape(-1, n, n)  # [B', N, N]
+        spins = torch.sigmoid(phi)
+        trajectory = [spins]
+        for _ in range(iterations):
+            spins = torch.sigmoid(torch.baddbmm(phi, matrix, spins))  # phi + J s
+            trajectory.append(spins)
+        ctx.iterations = iterations
+        ctx.save_for_backward(unary, coupling, *trajectory)  # k + 1 iterates [B', N, 1]
+        return spins.view(unary.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        unary, coupling, *trajectory = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():  # differentiated again: autograd through the updates
+            inputs = [x for x, w in zip((unary, coupling), wanted, strict=True) if w]
+            with torch.enable_grad():
+                spins = _iterates(unary, coupling, ctx.iterations)[-1]
+            grads = iter(torch.autograd.grad(spins, inputs, grad, create_graph=True))
+            return (next(grads) if wanted[0] else None, next(grads) if wanted[1] else None, None)
+        n = unary.shape[-1]
+        grad = grad.reshape(-1, n, 1)  # [B', N, 1] dL/ds_k
+        transposed = coupling.reshape(-1, n, n).transpose(1, 2).contiguous()  # [B', N, N] J^T
+        grad_unary: Tensor | None = None
+        grad_coupling: Tensor | None = None
+        for t in range(ctx.iterations, 0, -1):
+            chi = torch.ops.aten.sigmoid_backward(grad, trajectory[t])  # [B', N, 1] dL/dchi_t
+            grad_unary = chi if grad_unary is None else grad_unary.add_(chi)
+            if wanted[1]:  # sum_t c_t s_{t-1}^T
+                outer = (chi, trajectory[t - 1].transpose(1, 2))  # [B', N, 1], [B', 1, N]
+                grad_coupling = (
+                    torch.mul(*outer) if grad_coupling is None else grad_coupling.addcmul_(*outer)
+                )
+            grad = torch.bmm(transposed, chi)  # [B', N, 1]  J^T c = dL/ds_{t-1}
+        first = torch.ops.aten.sigmoid_backward(grad, trajectory[0])  # through sigmoid(phi)
+        grad_unary = first if grad_unary is None else grad_unary.add_(first)
+        return (
+            grad_unary.view(unary.shape) if wanted[0] else None,
+            None if grad_coupling is None else grad_coupling.view(coupling.shape),
+            None,
+        )
+
+
+def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
+    """Spins [*, N] after ``iterations`` updates ``s <- sigmoid(phi + J s)`` from
+    ``sigmoid(phi)`` with unary [*, N] and coupling [*, N, N] (same leading dimensions), no
+    checks and no masking (zero the coupling's columns at padding): the kernel of
+    :func:`mean_field_marginals` and of the mean-field attention layers. From k = 2 on, one
+    autograd node with a hand-written backward (k = 5, [64, 15, 15], one thread: forward and
+    backward 0.25 -> 0.19 ms); k <= 1 is recorded op by op, cheaper than the node's fixed
+    cost."""
+    if iterations <= 1:
+        return _iterates(unary, coupling, iterations)[-1]
+    return _MeanFieldUpdates.apply(unary, coupling, iterations)
 
 
 def mean_field_marginals(
@@ -76,18 +161,10 @@ def mean_field_marginals(
     keep = mask.to(unary.dtype)  # [B, N]
     coupling = pairwise * (keep.unsqueeze(-1) * keep.unsqueeze(-2))  # [B, N, N], masked rows/cols 0
     # masked columns of J are 0, so the spins of masked positions never reach the real ones:
-    # they are zeroed once per returned iterate, not inside the loop. J s is a broadcast
-    # product and a sum (a batched bmm of [N, N] x [N, 1] loops over the batch on the CPU)
-    spins = torch.sigmoid(unary)  # [B, N]
-    trajectory = [spins]
-    for _ in range(iterations):
-        chi = unary + (coupling * spins.unsqueeze(-2)).sum(-1)  # [B, N] phi + J s
-        spins = torch.sigmoid(chi)
-        if return_trajectory:
-            trajectory.append(spins)
-    if return_trajectory:
-        return torch.stack(trajectory) * keep  # [k + 1, B, N]
-    return spins * keep
+    # they are zeroed once per returned iterate, not inside the loop
+    if not return_trajectory:
+        return mean_field_updates(unary, coupling, iterations) * keep  # [B, N]
+    return torch.stack(_iterates(unary, coupling, iterations)) * keep  # [k + 1, B, N]
 
 
 def mean_field_free_energy(
