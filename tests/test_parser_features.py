@@ -129,3 +129,13 @@ def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
     # any words: the saved vocabularies of the parser-side inputs are used again
     heads = parser.parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"], ["new"]])
     assert heads == [[2, 3, 0], [0]]
+
+
+def test_the_cpu_preset_parser_fits_the_nli_cpu_preset() -> None:
+    """The NLI ``pretrained`` variant loads the parser's projection and scorer: the sizes
+    of the two cpu presets must agree; the parser-side inputs are on, gold UPOS is not."""
+    from structattn.recipes import nli
+
+    ours, theirs = parser.RECIPE.presets["cpu"].config, nli.RECIPE.presets["cpu"].config
+    assert (ours.hidden_dim, ours.parser_dim) == (theirs.hidden_dim, theirs.parser_dim)
+    assert ours.word_min_count == 2 and ours.char_dim > 0 and not ours.upos
