@@ -171,8 +171,11 @@ class WordFeatures:
         """Inverse of :meth:`to_dict` (``None``: no extra inputs, a run of older code)."""
         if not data:
             return cls()
-        get = lambda name: None if data[name] is None else WordVocabulary.from_dict(data[name])  # noqa: E731
-        return cls(get("trained"), get("chars"), get("tags"), int(data["max_chars"]))
+        trained, chars, tags = (
+            None if data[name] is None else WordVocabulary.from_dict(data[name])
+            for name in ("trained", "chars", "tags")
+        )
+        return cls(trained, chars, tags, int(data["max_chars"]))
 
     def encode(
         self,
