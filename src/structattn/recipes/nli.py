@@ -218,7 +218,10 @@ def _needs_parser(config: NLIConfig) -> None:
 
 def load_pretrained_parser(model: DecomposableAttention, config: NLIConfig) -> None:
     """Copy the projection, ROOT vector and arc scorer of the ``config.parser`` run into
-    ``model`` (the ``pretrained`` variant); errors when the sizes or embeddings differ."""
+    ``model`` (the ``pretrained`` variant); errors when the sizes or embeddings differ. The
+    parser's own inputs (trained word vectors, character CNN, UPOS vectors) have no
+    counterpart in the NLI layer and are not loaded: its scorer then reads the projected
+    fixed vectors alone."""
     from . import parser as parser_recipe
 
     parser, _, parser_config = parser_recipe.load_trained(config.parser)
