@@ -303,17 +303,11 @@ def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:
 
 
 def _cmd_parse(recipe: Any, args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from .data._files import atomic_write_text
+    from .data._files import atomic_write_text, read_sentences
     from .recipes import runs
 
     assert recipe.parse is not None
-    source = "stdin" if args.input == "-" else args.input
-    text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
-    sentences = [line.split() for line in text.splitlines() if line.strip()]
-    if not sentences:
-        raise ValueError(f"{source}: no sentences to parse (one per line, tokens split by spaces)")
+    sentences = read_sentences(args.input)
     run_dir = runs.resolve_run(recipe, args.checkpoint)
     parsed = "".join(f"{out}\n" for out in recipe.parse(run_dir, sentences, args.device))
     if args.output:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "read_utf8", "shared_data_dir"]
+__all__ = ["atomic_write_text", "read_sentences", "read_utf8", "shared_data_dir"]
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -34,6 +35,17 @@ def read_utf8(path: str | os.PathLike[str]) -> str:
     except UnicodeDecodeError as err:
         lineno = data.count(b"\n", 0, err.start) + 1
         raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+
+
+def read_sentences(source: str | os.PathLike[str]) -> list[list[str]]:
+    """Plain sentences of a file (``-``: stdin), one per line, tokens split by whitespace;
+    blank lines skipped. ``ValueError`` when there is none."""
+    text = sys.stdin.read() if str(source) == "-" else read_utf8(source)
+    sentences = [line.split() for line in text.splitlines() if line.strip()]
+    if not sentences:
+        where = "stdin" if str(source) == "-" else source
+        raise ValueError(f"{where}: no sentences to parse (one per line, tokens split by spaces)")
+    return sentences
 
 
 def shared_data_dir(*parts: str, what: str, hint: str = "") -> Path:

@@ -108,7 +108,10 @@ RNN_LR = 0.1
 
 def use_rnn_lr(config: Any) -> None:
     """In a recipe config's ``__post_init__``: the ``rnn`` model trains with ``config.rnn_lr``
-    instead of ``config.train.lr`` (the LSTMs' rate), so the saved config says what ran."""
+    instead of ``config.train.lr`` (the LSTMs' rate), so the saved config says what ran;
+    ``ValueError`` unless ``rnn_lr`` > 0."""
+    if config.rnn_lr <= 0:
+        raise ValueError(f"`rnn_lr` must be > 0, got {config.rnn_lr!r}")
     if config.model == "rnn" and config.train.lr != config.rnn_lr:
         object.__setattr__(config, "train", replace(config.train, lr=config.rnn_lr))
 

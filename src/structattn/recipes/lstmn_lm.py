@@ -96,9 +96,7 @@ class LSTMNLMConfig:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
-        if self.rnn_lr <= 0:
-            raise ValueError(f"`rnn_lr` must be > 0, got {self.rnn_lr!r}")
-        use_rnn_lr(self)
+        use_rnn_lr(self)  # checks rnn_lr
 
     @property
     def layers(self) -> int:

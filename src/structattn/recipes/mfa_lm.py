@@ -72,9 +72,7 @@ class MFALMConfig:
             raise ValueError(f"`iterations` must be >= 0, got {self.iterations}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
-        if self.rnn_lr <= 0:
-            raise ValueError(f"`rnn_lr` must be > 0, got {self.rnn_lr!r}")
-        use_rnn_lr(self)
+        use_rnn_lr(self)  # checks rnn_lr
 
 
 def build_model(config: MFALMConfig, vocab_size: int) -> nn.Module:

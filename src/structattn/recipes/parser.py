@@ -141,21 +141,19 @@ class WordFeatures:
     @classmethod
     def build(cls, config: ParserConfig, train: Sequence[ConlluSentence]) -> WordFeatures:
         """The vocabularies ``config`` asks for, from the training sentences."""
+
+        def ranked(counts: Counter[str], min_count: int = 1) -> WordVocabulary:
+            kept = tuple(item for item, c in counts.most_common() if c >= min_count)
+            return WordVocabulary(WordVocabulary.SPECIALS + kept)
+
         trained = chars = tags = None
         if config.word_min_count:
-            counts = Counter(w.lower() for s in train for w in s.words)
-            kept = [w for w, c in counts.most_common() if c >= config.word_min_count]
-            trained = WordVocabulary(WordVocabulary.SPECIALS + tuple(kept))
+            words = Counter(w.lower() for s in train for w in s.words)
+            trained = ranked(words, config.word_min_count)
         if config.char_dim:
-            letters = Counter(ch for s in train for w in s.words for ch in w)
-            chars = WordVocabulary(
-                WordVocabulary.SPECIALS + tuple(c for c, _ in letters.most_common())
-            )
+            chars = ranked(Counter(ch for s in train for w in s.words for ch in w))
         if config.upos:
-            found = Counter(t for s in train for t in s.upos)
-            tags = WordVocabulary(
-                WordVocabulary.SPECIALS + tuple(t for t, _ in found.most_common())
-            )
+            tags = ranked(Counter(t for s in train for t in s.upos))
         return cls(trained, chars, tags, config.max_chars)
 
     def to_dict(self) -> dict[str, Any]:
@@ -438,9 +436,9 @@ def train(config: ParserConfig, run_dir: str | Path, resume: bool = False) -> di
     if resume:
         saved = load_model_state(run_dir, "checkpoint.pt")
         words = WordVocabulary.from_dict(saved["extra"]["vocab"])
-    features = WordFeatures.build(config, splits["train"])
-    if resume:
         features = WordFeatures.from_dict(saved["extra"].get("features"))
+    else:
+        features = WordFeatures.build(config, splits["train"])
     torch.manual_seed(config.train.seed)
     model = build_model(config, _table(config, words), features)
     train_set = splits["train"]

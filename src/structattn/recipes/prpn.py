@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..data._files import read_sentences
 from ..data.treebank import (
     TreebankSentence,
     binarised_spans,
@@ -353,11 +354,7 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
 def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[str]:
     """Bracketed SPLIT trees of plain sentences (whitespace-tokenised, one per line; ``-`` =
     stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
-    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
-    lines = [line.split() for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise ValueError(f"{source}: no sentences to parse")
-    return parse_tokens(model, config, lines)
+    return parse_tokens(model, config, read_sentences(source))
 
 
 def parse_tokens(
