@@ -467,3 +467,13 @@ def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:
     }
     assert _cli(*args, "--resume", "--skip-also") == 0
     assert "== mfa-lm:" not in capsys.readouterr().out
+
+
+def test_load_vocabulary_run_refuses_another_recipes_run(toy: Recipe, tmp_path: Path) -> None:
+    from structattn.recipes.base import load_vocabulary_run
+    from structattn.recipes.lstmn_sst import LSTMNSSTConfig, build_model
+
+    runs.train_cell(toy, replace_path(TOY_QUICK, {"runs": 1}), tmp_path / "cell")
+    with pytest.raises(ValueError, match="is not an lstmn-sst run"):
+        load_vocabulary_run(tmp_path / "cell" / "run_00", "cpu", "lstmn-sst", LSTMNSSTConfig,
+                            build_model)  # fmt: skip

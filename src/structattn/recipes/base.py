@@ -36,6 +36,7 @@ __all__ = [
     "accuracy_metric",
     "best_on_validation",
     "best_run_scores",
+    "load_vocabulary_run",
     "mean_std_text",
     "seed_spread",
     "seed_summary",
@@ -125,6 +126,31 @@ def mean_std_text(summary: Mapping[str, Any]) -> str:
     """``"mean +- std (n=runs)"`` of a :func:`seed_summary`, for tables."""
     runs = len(summary["test_runs"])
     return f"{summary['test_mean']:.1f} +- {summary['test_std']:.1f} (n={runs})"
+
+
+def load_vocabulary_run(
+    run_dir: str | Path,
+    device: str,
+    recipe: str,
+    config_class: type,
+    build_model: Callable[[Any, int, int], Any],
+) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The best model of a run of a recipe whose checkpoints keep its word vocabulary and
+    embedding size in ``extra`` (``vocab``, ``embed_dim``): ``(model in eval mode on
+    device, WordVocabulary, config, extra)`` from one read of ``model.pt``; ``ValueError``
+    for another recipe's run. ``build_model(config, vocabulary size, embedding size)``."""
+    from ..data.classification import WordVocabulary
+    from ..training import load_model_state
+    from ._config import config_from_dict
+
+    state = load_model_state(run_dir)
+    if state["config"].get("recipe") != recipe:
+        raise ValueError(f"{run_dir} is not an {recipe} run ({state['config'].get('recipe')!r})")
+    config: Any = config_from_dict(config_class, state["config"])
+    vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
+    model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), vocab, config, state["extra"]
 
 
 def best_on_validation(record: Mapping[str, Any]) -> float:

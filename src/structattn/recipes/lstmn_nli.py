@@ -44,12 +44,13 @@ from ..data.embeddings import build_embedding_matrix, read_word_vectors
 from ..models.lstmn_text import PAIR_MODELS, PairClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
+from ._config import config_to_dict, replace_path
 from .base import (
     GridAxis,
     Preset,
     Recipe,
     accuracy_metric,
+    load_vocabulary_run,
     markdown_table,
     mean_std_text,
     seed_summary,
@@ -293,14 +294,7 @@ def _load(
     run_dir: str | Path, device: str
 ) -> tuple[PairClassifier, WordVocabulary, LSTMNNLIConfig, dict[str, Any]]:
     """:func:`load_trained` and the checkpoint's ``extra`` (one read of ``model.pt``)."""
-    state = load_model_state(run_dir)
-    if state["config"].get("recipe") != "lstmn-nli":
-        raise ValueError(f"{run_dir} is not an lstmn-nli run ({state['config'].get('recipe')!r})")
-    config = config_from_dict(LSTMNNLIConfig, state["config"])
-    vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
-    model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), vocab, config, state["extra"]
+    return load_vocabulary_run(run_dir, device, "lstmn-nli", LSTMNNLIConfig, build_model)
 
 
 def score(config: LSTMNNLIConfig, run_dir: str | Path) -> dict[str, Any]:
