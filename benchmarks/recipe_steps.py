@@ -203,8 +203,8 @@ def nli(quick: bool, count: int) -> Comparison:
     from structattn.recipes import nli as recipe
 
     config = _preset(recipe.RECIPE, quick)
-    splits, words, table = recipe._prepare(config)  # data, vocabulary, fixed GloVe table
-    train_set = recipe._Encoded(splits["train"], words, LabelVocabulary(NLI_LABELS))
+    splits, words, table = recipe.prepare(config)  # data, vocabulary, fixed GloVe table
+    train_set = recipe.EncodedPairs(splits["train"], words, LabelVocabulary(NLI_LABELS))
     # the recipe's batches are drawn from buckets of similar premise lengths: the same here
     order = list(range(len(train_set)))
     random.Random(config.train.seed).shuffle(order)
@@ -215,7 +215,7 @@ def nli(quick: bool, count: int) -> Comparison:
     batches = [train_set.batch(picked[k : k + size], CPU) for k in range(0, count * size, size)]
 
     def loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, int]:
-        logits = recipe._forward(model, batch).logits  # [B, 3]
+        logits = recipe.forward_batch(model, batch).logits  # [B, 3]
         n = int(batch["labels"].shape[0])
         return F.cross_entropy(logits, batch["labels"], reduction="sum"), n, n
 

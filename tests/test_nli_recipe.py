@@ -213,7 +213,7 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     base = replace_path(nli.RECIPE.presets["quick"].config, {"max_train": 16, "parser": str(run)})
     # the pretrained variant starts from the parser's projection and arc scorer
     config = replace_path(base, {"attention": "pretrained"})
-    splits, words, table = nli._prepare(config)
+    splits, words, table = nli.prepare(config)
     model = nli.build_model(config, table.weight)
     nli.load_pretrained_parser(model, config)
     assert model.syntactic is not None

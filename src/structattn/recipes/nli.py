@@ -53,6 +53,9 @@ from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, accuracy_metric, markdown_table, valid_accuracy
 
 __all__ = [
+    "EncodedPairs",
+    "forward_batch",
+    "prepare",
     "write_predictions",
     "PAPER_TABLE5",
     "RECIPE",
@@ -245,8 +248,12 @@ def load_pretrained_parser(model: DecomposableAttention, config: NLIConfig) -> N
         model.syntactic.scorer.load_state_dict(parser.scorer.state_dict())
 
 
-class _Encoded:
-    """A split as id lists (and pipeline heads), collated into padded batches."""
+class EncodedPairs:
+    """A split as id lists (and pipeline heads), collated into padded batches.
+
+    ``batch(indices, device)`` gives ``premise`` / ``hypothesis`` LongTensor [B, L],
+    their ``*_mask`` BoolTensor [B, L], ``*_heads`` [B, L] when heads are given, and
+    ``labels`` [B]."""
 
     def __init__(
         self,
@@ -287,7 +294,8 @@ class _Encoded:
         return out
 
 
-def _forward(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
+def forward_batch(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
+    """The model's output (``.logits`` [B, 3]) on one ``EncodedPairs.batch``."""
     return model(
         batch["premise"],
         batch["premise_mask"],
@@ -337,7 +345,7 @@ def write_predictions(
 
 def evaluate(
     model: DecomposableAttention,
-    encoded: _Encoded,
+    encoded: EncodedPairs,
     device: torch.device | str = "cpu",
     batch_size: int = 256,
     predictions: str | Path | None = None,
@@ -353,7 +361,7 @@ def evaluate(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = encoded.batch(chunk, device)
-        logits = _forward(model, batch).logits
+        logits = forward_batch(model, batch).logits
         total += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
         for i, p in zip(chunk, logits.argmax(-1).tolist(), strict=True):
             predicted[i] = p
@@ -370,9 +378,11 @@ def evaluate(
 
 
 # ---- one run ---------------------------------------------------------------------------------
-def _prepare(
+def prepare(
     config: NLIConfig, words: WordVocabulary | None = None
 ) -> tuple[dict[str, list[ClassificationExample]], WordVocabulary, EmbeddingMatrix]:
+    """The splits, the vocabulary (built from them unless given) and the fixed embedding
+    table of a run."""
     _needs_parser(config)
     splits = load_data(config)
     words = words or build_vocabulary(splits)
@@ -391,15 +401,15 @@ def train(config: NLIConfig, run_dir: str | Path, resume: bool = False) -> dict[
     if resume:
         saved = load_model_state(run_dir, "checkpoint.pt")
         words = WordVocabulary.from_dict(saved["extra"]["vocab"])
-    splits, words, table = _prepare(config, words)
+    splits, words, table = prepare(config, words)
     labels = LabelVocabulary(NLI_LABELS)
     model = build_model(config, table.weight, seed)
     if config.attention == "pretrained":
         load_pretrained_parser(model, config)
     heads = pipeline_heads(config, splits)
     device = torch.device(config.train.device)
-    train_set = _Encoded(splits["train"], words, labels, heads)
-    valid_set = _Encoded(splits["valid"], words, labels, heads)
+    train_set = EncodedPairs(splits["train"], words, labels, heads)
+    valid_set = EncodedPairs(splits["valid"], words, labels, heads)
 
     def batches(epoch: int) -> list[list[int]]:
         # shuffled, then sorted by length within buckets of 50 batches (less padding)
@@ -416,7 +426,7 @@ def train(config: NLIConfig, run_dir: str | Path, resume: bool = False) -> dict[
         return chunks
 
     def loss(m: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, int]:
-        logits = _forward(m, batch).logits
+        logits = forward_batch(m, batch).logits
         n = int(batch["labels"].shape[0])
         return F.cross_entropy(logits, batch["labels"], reduction="sum"), n, n
 
@@ -466,11 +476,11 @@ def score(config: NLIConfig, run_dir: str | Path) -> dict[str, Any]:
     heads = pipeline_heads(config, splits)
     labels = LabelVocabulary(NLI_LABELS)
     device = config.train.device
-    valid = evaluate(model, _Encoded(splits["valid"], words, labels, heads), device)
+    valid = evaluate(model, EncodedPairs(splits["valid"], words, labels, heads), device)
     valid.pop("correct")
     test = evaluate(
         model,
-        _Encoded(splits["test"], words, labels, heads),
+        EncodedPairs(splits["test"], words, labels, heads),
         device,
         predictions=run_dir / "test_predictions.jsonl",
     )
@@ -698,7 +708,7 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
         config = replace(config, data_dir=options.data_dir)
     splits = load_data(config)
     heads = pipeline_heads(config, splits)
-    encoded = _Encoded(splits[options.split], words, LabelVocabulary(NLI_LABELS), heads)
+    encoded = EncodedPairs(splits[options.split], words, LabelVocabulary(NLI_LABELS), heads)
     scores = evaluate(model, encoded, device, predictions=predictions)
     text = (
         f"{config.dataset} {config.attention} ({options.split}, {scores['pairs']} pairs): "
