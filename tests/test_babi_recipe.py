@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from structattn.cli import main
-from structattn.data.babi import answer_accuracy, fact_sequence_accuracy, read_babi
+from structattn.data.babi import (
+    BabiVocabulary,
+    answer_accuracy,
+    fact_sequence_accuracy,
+    parse_babi_lines,
+    read_babi,
+)
 from structattn.models import MemoryQA
 from structattn.recipes import babi
 from structattn.training import Task, TrainConfig, fit
@@ -166,12 +172,23 @@ def test_linear_start_schedule_and_state_dict() -> None:
     for name in ("memn2n", "binary-crf"):
         model = MemoryQA(12, 4, 2, 5, name)
         babi.set_linear_start(model, 1, 2)
-        assert model.linear_start == (name == "memn2n") and not model.normalize_potentials
+        assert model.linear_start and not model.normalize_potentials
         state = model.state_dict()
         babi.set_linear_start(model, 3, 2)
         assert not model.linear_start and model.normalize_potentials == (name != "memn2n")
         model.load_state_dict(state)  # the mode travels with the weights
-        assert model.linear_start == (name == "memn2n") and not model.normalize_potentials
+        assert model.linear_start and not model.normalize_potentials
+
+
+def test_crf_linear_start_reaches_the_model() -> None:
+    vocab = BabiVocabulary.build(
+        parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])
+    )
+    for mode in ("log-softmax", "unary", "scores"):
+        config = babi.BabiConfig(model="binary-crf", crf_linear_start=mode)  # type: ignore[arg-type]
+        assert babi.build_model(config, vocab).crf_linear_start == mode
+    with pytest.raises(ValueError, match="crf_linear_start"):
+        babi.BabiConfig(crf_linear_start="linear")  # type: ignore[arg-type]
 
 
 def test_fit_calls_epoch_hook_and_sum_loss_scales_lr(tmp_path: Path) -> None:

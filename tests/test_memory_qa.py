@@ -80,6 +80,49 @@ def test_crf_with_one_hop_is_memn2n_attention() -> None:
     torch.testing.assert_close(a.logits, b.logits)
 
 
+def test_crf_linear_start_modes() -> None:
+    """log-softmax: the CRF is unchanged (the per-step constant cancels); unary: the binary
+    model without its fact-to-fact potentials; scores: the context from the raw scores."""
+    torch.manual_seed(0)
+    batch = _batch()
+    out = {}
+    for mode in ("log-softmax", "unary", "scores"):
+        torch.manual_seed(1)
+        net = MemoryQA(30, embed_dim=8, hops=3, memory_size=10, model="binary-crf",
+                       crf_linear_start=mode).double()  # fmt: skip
+        net.normalize_potentials = True
+        after = net(*batch)
+        net.linear_start, net.normalize_potentials = True, False
+        out[mode] = (after, net(*batch), net)
+    after, lin, _ = out["log-softmax"]
+    torch.testing.assert_close(lin.logits, after.logits)
+    torch.testing.assert_close(lin.attention, after.attention)
+    _, lin, net = out["unary"]
+    assert not torch.allclose(lin.attention, after.attention)
+    facts = lin.facts[:2]
+    assert (facts[:, 1:] != facts[:, :-1]).all()  # no-repeat is kept
+    assert net.crf is not None
+    unary = MemoryQA(30, embed_dim=8, hops=3, memory_size=10, model="unary-crf").double()
+    unary.load_state_dict(net.state_dict())
+    unary.crf.no_repeat = True  # type: ignore[union-attr]
+    ref = unary(*batch)
+    torch.testing.assert_close(lin.attention, ref.attention)
+    torch.testing.assert_close(lin.logits, ref.logits)
+    _, lin, net = out["scores"]
+    torch.testing.assert_close(lin.attention, after.attention)  # marginals still reported
+    assert net.crf is not None
+    seen = {}
+    net.crf.register_forward_hook(lambda m, args, o: seen.update(values=args[2], out=o))
+    lin = net(*batch)
+    unary, values = seen["out"].unary, seen["values"]  # [B, K, M], [B, K, M, d]
+    context = torch.einsum("bkm,bkmd->bd", unary.masked_fill(unary.isinf(), 0.0), values)
+    answer = net.embeddings[-1].weight
+    torch.testing.assert_close(lin.logits, (seen["out"].queries[:, -1] + context) @ answer.T)
+    assert not torch.allclose(lin.logits, after.logits)
+    with pytest.raises(ValueError, match="crf_linear_start"):
+        MemoryQA(30, model="binary-crf", crf_linear_start="linear")
+
+
 def test_binary_crf_never_repeats_a_fact_and_normalizes() -> None:
     net = MemoryQA(30, embed_dim=8, hops=3, memory_size=10, model="binary-crf")
     net.normalize_potentials = True

@@ -47,7 +47,8 @@ class MemoryCRFAttention(nn.Module):
         normalize_potentials: log-softmax the unary potentials over facts at each step.
 
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
-    (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern).
+    (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
+    ``pairwise=False`` drops the binary model's fact-to-fact potentials for one call.
     Items whose constraints leave no valid fact sequence (e.g. one fact with ``no_repeat``
     and K >= 2) get zero marginals and a zero context.
 
@@ -94,9 +95,11 @@ class MemoryCRFAttention(nn.Module):
         return torch.stack(out, dim=1)
 
     def crf(
-        self, query: Tensor, keys: Tensor, mask: Tensor | None = None
+        self, query: Tensor, keys: Tensor, mask: Tensor | None = None, pairwise: bool = True
     ) -> tuple[LinearChainCRF, Tensor, Tensor | None, Tensor]:
-        """The fact-sequence CRF and its (unary, pairwise, queries)."""
+        """The fact-sequence CRF and its (unary, pairwise, queries); ``pairwise=False`` leaves
+        out the fact-to-fact potentials of the binary model for this call (``no_repeat`` is
+        kept)."""
         if query.dim() != 2 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]
@@ -107,27 +110,30 @@ class MemoryCRFAttention(nn.Module):
         unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))
         if self.normalize_potentials:
             unary = torch.log_softmax(unary, dim=-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
-        pairwise = None
+        edges = None
         chain_pairwise = unary.new_zeros(batch, self.steps - 1, n, n)
-        if self.binary:
-            pairwise = torch.einsum("bkid,bkjd->bkij", keys[:, :-1], keys[:, 1:])
-            chain_pairwise = pairwise
+        if self.binary and pairwise:
+            edges = torch.einsum("bkid,bkjd->bkij", keys[:, :-1], keys[:, 1:])
+            chain_pairwise = edges
         if self.no_repeat:
             eye = torch.eye(n, dtype=torch.bool, device=keys.device)
             chain_pairwise = chain_pairwise.masked_fill(eye, float("-inf"))
         crf = LinearChainCRF(unary, chain_pairwise, validate_args=False)
-        return crf, unary, pairwise, queries
+        return crf, unary, edges, queries
 
     def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | None = None,
+        pairwise: bool = True,
     ) -> MemoryCRFOutput:
-        crf, unary, pairwise, queries = self.crf(query, keys, mask)
+        crf, unary, edges, queries = self.crf(query, keys, mask, pairwise)
         values = self._per_step(values, "values")  # [B, K, n, D]
         marginals = crf.marginals  # [B, K, n]
         context = torch.einsum("bkn,bknd->bd", marginals, values)
-        return MemoryCRFOutput(
-            context, marginals, crf.edge_marginals, unary, pairwise, queries, crf
-        )
+        return MemoryCRFOutput(context, marginals, crf.edge_marginals, unary, edges, queries, crf)
 
     @torch.no_grad()
     def decode(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -13,9 +13,11 @@ from ..attention import MemoryCRFAttention
 from ..attention._common import masked_softmax
 from ..distributions import LinearChainCRF
 
-__all__ = ["MEMORY_MODELS", "MemoryQA", "MemoryQAOutput", "position_encoding"]
+__all__ = ["CRF_LINEAR_STARTS", "MEMORY_MODELS", "MemoryQA", "MemoryQAOutput", "position_encoding"]
 
 MEMORY_MODELS = ("memn2n", "unary-crf", "binary-crf")
+#: what linear start does to the CRF models (MemoryQA's ``crf_linear_start``)
+CRF_LINEAR_STARTS = ("log-softmax", "unary", "scores")
 
 
 def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
@@ -63,10 +65,16 @@ class MemoryQA(nn.Module):
     Sentences are bags of words with position encoding plus temporal encoding (a learned
     vector per recency slot); adjacent weight tying: hop k reads keys with embedding E_k and
     values with E_{k+1}, the question is embedded with E_1 and the answer matrix W is E_{K+1}
-    (as in MemN2N). ``linear_start`` (MemN2N) removes the softmax; for the CRF models
+    (as in MemN2N). ``linear_start`` removes MemN2N's softmax; for the CRF models
     ``normalize_potentials`` log-softmaxes the unary potentials (the paper does so after
-    linear start). Both switches are saved in the ``state_dict`` (module extra state), so a
-    checkpoint restores the mode it was trained in.
+    linear start), and during ``linear_start`` ``crf_linear_start`` says what changes:
+    ``"log-softmax"`` (the paper's text) nothing else — which leaves the CRF's distribution
+    unchanged, since a per-step log-softmax adds one constant to every chain's score;
+    ``"unary"``: the binary model's fact-to-fact potentials are left out (a unary CRF with
+    the no-repeat constraint); ``"scores"``: MemN2N's linear start transplanted, the context
+    is ``sum_k sum_i theta_k(i) o_i^k`` with the raw unary scores instead of the marginals.
+    The switches are saved in the ``state_dict`` (module extra state), so a checkpoint
+    restores the mode it was trained in.
 
     Options of MemN2N's own code (defaults: the paper's text): ``init_std`` of every
     embedding (0.1; harvardnlp's MemN2N uses 1/sqrt(10)), ``random_noise`` (the rate of
@@ -90,10 +98,16 @@ class MemoryQA(nn.Module):
         init_std: float = 0.1,
         random_noise: float = 0.0,
         pe_width: tuple[int, int] | None = None,
+        crf_linear_start: str = "log-softmax",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
             raise ValueError(f"`model` must be one of {MEMORY_MODELS}, got {model!r}")
+        if crf_linear_start not in CRF_LINEAR_STARTS:
+            raise ValueError(
+                f"`crf_linear_start` must be one of {CRF_LINEAR_STARTS}, got {crf_linear_start!r}"
+            )
+        self.crf_linear_start = crf_linear_start
         if hops < 1:
             raise ValueError(f"`hops` must be >= 1, got {hops}")
         if init_std <= 0:
@@ -218,6 +232,11 @@ class MemoryQA(nn.Module):
             return MemoryQAOutput(q @ answer_matrix.T, attention, None)
         keys = embedded[:-1].transpose(0, 1)  # [B, K, M, d]
         values = embedded[1:].transpose(0, 1)
-        out = self.crf(q, keys, values, mask)
-        logits = (out.queries[:, -1] + out.context) @ answer_matrix.T
+        linear = self.crf_linear_start if self.linear_start else "off"
+        out = self.crf(q, keys, values, mask, pairwise=linear != "unary")
+        context = out.context
+        if linear == "scores":  # MemN2N's linear start: raw scores instead of marginals
+            scores = out.unary.masked_fill(~mask.unsqueeze(1), 0.0)  # [B, K, M]
+            context = torch.einsum("bkm,bkmd->bd", scores, values)
+        logits = (out.queries[:, -1] + context) @ answer_matrix.T
         return MemoryQAOutput(logits, out.marginals, out.distribution)

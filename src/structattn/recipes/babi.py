@@ -43,6 +43,7 @@ from ..data.babi import (
     write_predictions,
 )
 from ..models import MEMORY_MODELS, MemoryQA
+from ..models.memory_qa import CRF_LINEAR_STARTS
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
@@ -84,6 +85,9 @@ class BabiConfig:
     memory_size: int = MEMORY_SIZE  # the most recent sentences kept in memory
     batch_size: int = 32  # questions per batch (MemN2N's)
     linear_start: int = 20  # epochs of linear start (MemN2N: no softmax; CRF: no log-softmax)
+    crf_linear_start: Literal["log-softmax", "unary", "scores"] = "log-softmax"  # what else
+    # linear start does to the CRFs: nothing (the paper's text; the log-softmax alone does
+    # not change the CRF), no fact-to-fact potentials, or the context from the raw scores
     query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
@@ -119,6 +123,11 @@ class BabiConfig:
             )
         if self.init_std <= 0 or not 0 <= self.random_noise < 1:
             raise ValueError("`init_std` must be > 0 and `random_noise` in [0, 1)")
+        if self.crf_linear_start not in CRF_LINEAR_STARTS:
+            raise ValueError(
+                f"`crf_linear_start` must be one of {CRF_LINEAR_STARTS}, "
+                f"got {self.crf_linear_start!r}"
+            )
         if self.query_init not in ("default", "identity"):
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.hops < 0 or self.linear_start < 0:
@@ -198,6 +207,7 @@ def build_model(
         init_std=config.init_std,
         random_noise=config.random_noise,
         pe_width=pe_width if config.position_encoding == "padded" else None,
+        crf_linear_start=config.crf_linear_start,
     )
     if config.query_init == "identity" and model.crf is not None:
         with torch.no_grad():
@@ -216,9 +226,10 @@ def padded_widths(splits: Mapping[str, Sequence[BabiExample]]) -> tuple[int, int
 
 def set_linear_start(model: MemoryQA, epoch: int, linear_epochs: int) -> None:
     """Linear start (Appendix A.4): for the first ``linear_epochs`` epochs MemN2N has no
-    softmax; afterwards the CRF models log-softmax their unary potentials."""
+    softmax and the CRF models are in their ``crf_linear_start`` mode; afterwards the CRF
+    models log-softmax their unary potentials."""
     linear = epoch <= linear_epochs
-    model.linear_start = linear and model.crf is None
+    model.linear_start = linear
     model.normalize_potentials = not linear
 
 
