@@ -187,7 +187,7 @@ def test_rnn_trains_with_its_own_lr_and_the_window_loss_is_per_row(recipe: str) 
     lstm = config_class(model="lstm")
     assert lstm.train.lr == 0.65 and lstm.train.normalize_by == "examples"
     rnn = config_class(model="rnn")
-    assert rnn.train.lr == rnn.rnn_lr == 0.1
+    assert rnn.train.lr == rnn.rnn_lr == 0.2
     assert config_from_dict(config_class, config_to_dict(rnn)) == rnn  # saved = what ran
     assert config_class(model="rnn", rnn_lr=0.3).train.lr == 0.3
     with pytest.raises(ValueError, match="rnn_lr"):
