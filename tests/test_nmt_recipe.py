@@ -149,6 +149,36 @@ def _hand_bleu(hyps: list[str], refs: list[str]) -> float:
     return 100 * math.exp(log_p + brevity)
 
 
+def test_bleu_significance_and_table(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    refs = [" ".join(rng.choices(words, k=8)) for _ in range(60)]
+    good = [r if i % 3 else " ".join(rng.choices(words, k=8)) for i, r in enumerate(refs)]
+    bad = [" ".join(rng.choices(words, k=8)) for _ in refs]
+    near = [refs[0], *bad[1:]]  # one sentence of 60 better
+    out = nmt.bleu_significance({"simple": bad, "a": good, "b": near}, refs, "simple", 200)
+    assert out["simple"]["p_value"] is None
+    assert out["a"]["bleu"] == pytest.approx(nmt.bleu(good, refs))
+    assert out["a"]["p_value"] is not None and out["a"]["p_value"] < 0.05  # clearly better
+    assert out["b"]["p_value"] is not None and out["b"]["p_value"] > 0.05  # not significant
+    low, high = out["a"]["low"], out["a"]["high"]
+    assert low is not None and high is not None and low < out["a"]["bleu"] < high
+    with pytest.raises(ValueError, match="baseline"):
+        nmt.bleu_significance({"a": good}, refs, "simple")
+    with pytest.raises(ValueError, match="hypotheses"):
+        nmt.bleu_significance({"simple": bad, "a": good[:-1]}, refs, "simple")
+    for name, hyps in (("simple", bad), ("structured", good)):
+        cell = tmp_path / f"char-{name}"
+        cell.mkdir()
+        lines = [
+            json.dumps({"hypothesis": h, "reference": r}) for h, r in zip(hyps, refs, strict=True)
+        ]
+        (cell / "test_predictions.jsonl").write_text("\n".join(lines) + "\n")
+    table = nmt.significance_table(tmp_path)
+    assert "CHAR" in table and "Structured" in table and "WORD" not in table
+    assert nmt.significance_table(tmp_path / "nothing") == ""
+
+
 def test_bleu_matches_sacrebleu_and_a_hand_count() -> None:
     hyps = ["the cat sat on the mat .", "i can 't tell who will win", "he is kind ."]
     refs = ["the cat sat on a mat .", "i can 't tell who will arrive first .", "he is kind ."]

@@ -51,6 +51,8 @@ from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe
 
 __all__ = [
+    "bleu_significance",
+    "significance_table",
     "PAPER_TABLE",
     "RECIPE",
     "NMTConfig",
@@ -329,6 +331,65 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score)
 
 
+def bleu_significance(
+    hypotheses: Mapping[str, Sequence[str]],
+    references: Sequence[str],
+    baseline: str,
+    samples: int = 1000,
+) -> dict[str, dict[str, float | None]]:
+    """Paired bootstrap resampling of corpus BLEU (Koehn 2004; sacrebleu's ``PairedTest``
+    with its fixed seed, the test of Moses' bootstrap-hypothesis-difference-significance.pl):
+    per system ``{"bleu", "low", "high", "p_value"}`` -- the 95% interval of its resampled
+    BLEU, and the two-sided p-value of its difference from ``baseline`` (None for the
+    baseline itself; below 0.05: the difference is significant at 5%)."""
+    import sacrebleu
+    from sacrebleu.significance import PairedTest
+
+    if baseline not in hypotheses:
+        raise ValueError(f"baseline {baseline!r} is not among {sorted(hypotheses)}")
+    for name, hyps in hypotheses.items():
+        if len(hyps) != len(references):
+            raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(references)} references")
+    systems: list[tuple[str, Sequence[str]]] = [(baseline, list(hypotheses[baseline]))]
+    systems += [(n, list(h)) for n, h in hypotheses.items() if n != baseline]
+    metric = sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True)
+    _, scores = PairedTest(systems, {"BLEU": metric}, [list(references)], "bs", samples)()
+    out: dict[str, dict[str, float | None]] = {}
+    for (name, _), result in zip(systems, scores["BLEU"], strict=True):
+        assert not isinstance(result, str)
+        ci = result.ci or 0.0
+        mean = result.mean if result.mean is not None else result.score
+        out[name] = {"bleu": result.score, "low": mean - ci, "high": mean + ci,
+                     "p_value": None if name == baseline else result.p_value}  # fmt: skip
+    return out
+
+
+def significance_table(out: str | Path, baseline: str = "simple") -> str:
+    """Markdown: for each source setting under a ``reproduce`` directory ``out``, every
+    attention's test BLEU, its 95% bootstrap interval and the paired-bootstrap p-value of
+    its difference from ``baseline`` (``bleu_significance``; from the cells'
+    ``test_predictions.jsonl``)."""
+    rows = []
+    for source in SOURCES:
+        hyps: dict[str, list[str]] = {}
+        refs: list[str] = []
+        for attention in VARIANTS:
+            path = Path(out) / f"{source}-{attention}" / "test_predictions.jsonl"
+            if not path.exists():
+                continue
+            lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+            hyps[attention] = [x["hypothesis"] for x in lines]
+            refs = [x["reference"] for x in lines]
+        if baseline not in hyps or len(hyps) < 2:
+            continue
+        for name, r in bleu_significance(hyps, refs, baseline).items():
+            p = "-" if r["p_value"] is None else f"{r['p_value']:.3f}"
+            span = f"[{r['low']:.1f}, {r['high']:.1f}]"
+            rows.append([source.upper(), _NAMES[name], f"{r['bleu']:.2f}", span, p])
+    header = ["Source", "Attention", "BLEU", "95% interval", f"p vs {_NAMES[baseline]}"]
+    return runs.markdown_table(header, rows) if rows else ""
+
+
 def evaluate(
     model: Seq2Seq,
     sources: Sequence[Sequence[str]],
@@ -565,6 +626,11 @@ def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> l
     }
     if run_dirs:
         written.append(viz.training_curves(run_dirs, out / "training_curves.png", ["perplexity"]))
+    significance = significance_table(out)
+    if significance:  # not a plot, but written and reported with them
+        (out / "significance.md").write_text(significance + "\n", encoding="utf-8")
+        print(significance)
+        written.append(out / "significance.md")
     return written
 
 
