@@ -10,6 +10,7 @@ from torch import nn
 
 from structattn import DependencyCRF, LinearChainCRF
 from structattn.attention import (
+    BiLSTMArcScorer,
     MeanFieldAttention,
     MemoryCRFAttention,
     SegmentationAttention,
@@ -198,9 +199,12 @@ def test_memory_crf_any_number_of_steps() -> None:
 
 
 # ---- syntactic ----------------------------------------------------------------------------
-@pytest.mark.parametrize("structure", ["projective", "softmax"])
-def test_syntactic_attention(structure: str) -> None:
-    layer = SyntacticAttention(D, hidden_dim=5, structure=structure, children=True).double()
+@pytest.mark.parametrize(("structure", "layers"), [("projective", 1), ("softmax", 1),
+                                                    ("projective", 2)])  # fmt: skip
+def test_syntactic_attention(structure: str, layers: int) -> None:
+    layer = SyntacticAttention(
+        D, hidden_dim=5, structure=structure, children=True, scorer_layers=layers
+    ).double()
     x = torch.randn(2, 5, D, dtype=torch.float64)
     out = layer(x, MASK)
     assert out.parents.shape == (2, 5, D) and out.marginals.shape == (2, 6, 6)
@@ -221,6 +225,15 @@ def test_syntactic_attention(structure: str) -> None:
     heads = layer.parse(x, MASK)
     assert heads.shape == (2, 6) and heads[1, 4:].eq(-1).all() and heads[:, 0].eq(-1).all()
     _grads_reach_every_parameter(layer, out.parents.pow(2).sum() + out.children.pow(2).sum())
+
+
+def test_arc_scorer_layers() -> None:
+    one = BiLSTMArcScorer(D, 4)
+    assert not any(k.startswith("upper") for k in one.state_dict())  # old checkpoints load
+    two = BiLSTMArcScorer(D, 4, layers=2)
+    assert {k.split(".")[0] for k in two.state_dict()} >= {"forward_lstm", "upper"}
+    with pytest.raises(ValueError, match="layers"):
+        BiLSTMArcScorer(D, 4, layers=0)
 
 
 def test_syntactic_attention_with_caller_root() -> None:

@@ -221,6 +221,8 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     torch.testing.assert_close(model.syntactic.scorer.s.weight, trained.scorer.s.weight)
     with pytest.raises(ValueError, match="differs in"):
         nli.load_pretrained_parser(model, replace_path(config, {"hidden_dim": 17}))
+    with pytest.raises(ValueError, match="parser_layers"):  # the scorer's depth must match
+        nli.load_pretrained_parser(model, replace_path(config, {"parser_layers": 2}))
     # hard-parent: heads of every sentence from the parser, a whole run through the runner
     cell = tmp_path / "hard"
     summary = runs.train_cell(nli.RECIPE, replace_path(base, {"attention": "hard-parent"}), cell)

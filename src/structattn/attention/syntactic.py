@@ -34,21 +34,38 @@ class BiLSTMArcScorer(nn.Module):
 
     ``forward(x [B, N, D], lengths [B]) -> theta [B, N, N]`` with theta[b, i, j] the score
     of i being the parent of j. The backward LSTM runs on each sequence reversed within its
-    length, so padding never reaches real positions.
+    length, so padding never reaches real positions. ``layers`` > 1 stacks BiLSTMs (each
+    upper layer reads both directions of the one below; the paper's is 1 layer; a 1-layer
+    scorer's parameter names are those of earlier versions).
     """
 
-    def __init__(self, input_dim: int, hidden_dim: int = 50) -> None:
+    def __init__(self, input_dim: int, hidden_dim: int = 50, layers: int = 1) -> None:
         super().__init__()
+        if layers < 1:
+            raise ValueError(f"`layers` must be >= 1, got {layers}")
         self.forward_lstm = nn.LSTM(input_dim, hidden_dim, batch_first=True)
         self.backward_lstm = nn.LSTM(input_dim, hidden_dim, batch_first=True)
+        self.upper = nn.ModuleList(
+            nn.ModuleList(nn.LSTM(2 * hidden_dim, hidden_dim, batch_first=True) for _ in "fb")
+            for _ in range(layers - 1)
+        )  # (forward, backward) LSTMs of layers 2..
         self.w_head = nn.Linear(2 * hidden_dim, hidden_dim, bias=False)  # W1
         self.w_mod = nn.Linear(2 * hidden_dim, hidden_dim, bias=True)  # W2, b
         self.s = nn.Linear(hidden_dim, 1, bias=False)
 
+    @staticmethod
+    def _bidirectional(
+        forward: nn.Module, backward: nn.Module, x: Tensor, lengths: Tensor
+    ) -> Tensor:
+        fwd, _ = forward(x)  # [B, N, H]
+        bwd, _ = backward(reverse_padded(x, lengths))
+        return torch.cat([fwd, reverse_padded(bwd, lengths)], dim=-1)  # [B, N, 2H]
+
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
-        fwd, _ = self.forward_lstm(x)  # [B, N, H]
-        bwd, _ = self.backward_lstm(reverse_padded(x, lengths))
-        h = torch.cat([fwd, reverse_padded(bwd, lengths)], dim=-1)  # [B, N, 2H]
+        h = self._bidirectional(self.forward_lstm, self.backward_lstm, x, lengths)  # [B, N, 2H]
+        for pair in self.upper:
+            assert isinstance(pair, nn.ModuleList)
+            h = self._bidirectional(pair[0], pair[1], h, lengths)
         hidden = self.w_head(h).unsqueeze(2) + self.w_mod(h).unsqueeze(1)  # [B, N(i), N(j), H]
         return torch.tanh(self.s(torch.tanh(hidden)).squeeze(-1))  # [B, N, N]
 
@@ -104,6 +121,7 @@ class SyntacticAttention(nn.Module):
         prepend_root: bool = True,
         children: bool = False,
         multiroot: bool = True,
+        scorer_layers: int = 1,
     ) -> None:
         super().__init__()
         if structure not in STRUCTURES:
@@ -112,7 +130,7 @@ class SyntacticAttention(nn.Module):
         self.prepend_root = prepend_root
         self.return_children = children
         self.multiroot = multiroot
-        self.scorer = BiLSTMArcScorer(input_dim, hidden_dim)
+        self.scorer = BiLSTMArcScorer(input_dim, hidden_dim, scorer_layers)
         self.root = nn.Parameter(torch.zeros(input_dim)) if prepend_root else None
 
     def _prepare(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:

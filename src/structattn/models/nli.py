@@ -63,6 +63,7 @@ class DecomposableAttention(nn.Module):
         parser_dim: size of each LSTM direction and of the MLP of the arc scorer.
         dropout: dropout of the MLPs (paper: 0.2).
         children: ``structured`` only: also concatenate the soft children.
+        parser_layers: BiLSTM layers of the arc scorer (paper: 1).
 
     ``forward(premise [B, N], premise_mask [B, N], hypothesis [B, M], hypothesis_mask [B, M],
     premise_heads=None, hypothesis_heads=None)``; heads (``hard-parent`` only) are LongTensor
@@ -78,6 +79,7 @@ class DecomposableAttention(nn.Module):
         parser_dim: int = 50,
         dropout: float = 0.2,
         children: bool = False,
+        parser_layers: int = 1,
     ) -> None:
         super().__init__()
         if intra not in INTRA_ATTENTION:
@@ -93,7 +95,11 @@ class DecomposableAttention(nn.Module):
         if intra in ("simple", "structured"):
             structure = "softmax" if intra == "simple" else "projective"
             self.syntactic = SyntacticAttention(
-                hidden_dim, parser_dim, structure=structure, children=children
+                hidden_dim,
+                parser_dim,
+                structure=structure,
+                children=children,
+                scorer_layers=parser_layers,
             )
             width = (3 if children else 2) * hidden_dim
         elif intra == "hard-parent":

@@ -111,6 +111,8 @@ class NLIConfig:
     )
     hidden_dim: int = 300  # projected inputs and every MLP (paper: 300)
     parser_dim: int = 50  # arc scorer's LSTM (per direction) and MLP size (A.1: 50)
+    parser_layers: int = 1  # BiLSTM layers of the arc scorer (A.1: 1; `pretrained` needs the
+    # parser run's)
     dropout: float = 0.2  # dropout of the MLPs
     init_std: float = 0.01  # trained parameters ~ N(0, init_std^2) (0: PyTorch's defaults)
     children: bool = False  # structured / pretrained: also concatenate the soft children
@@ -130,7 +132,7 @@ class NLIConfig:
             raise ValueError(f"`dataset` must be one of {DATASETS}, got {self.dataset!r}")
         if self.attention not in VARIANTS:
             raise ValueError(f"`attention` must be one of {VARIANTS}, got {self.attention!r}")
-        for name in ("hidden_dim", "parser_dim", "batch_size", "runs"):
+        for name in ("hidden_dim", "parser_dim", "parser_layers", "batch_size", "runs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1 or self.init_std < 0 or self.max_train < 0:
@@ -202,6 +204,7 @@ def build_model(config: NLIConfig, table: Tensor, seed: int | None = None) -> De
         config.parser_dim,
         config.dropout,
         config.children,
+        config.parser_layers,
     )
     if config.init_std > 0:
         model.init_normal(config.init_std)
@@ -233,6 +236,7 @@ def load_pretrained_parser(model: DecomposableAttention, config: NLIConfig) -> N
         for name, ours, theirs in (
             ("hidden_dim", config.hidden_dim, parser_config.hidden_dim),
             ("parser_dim", config.parser_dim, parser_config.parser_dim),
+            ("parser_layers", config.parser_layers, parser_config.parser_layers),
             ("embeddings", config.embeddings, parser_config.embeddings),
             ("normalize_embeddings", config.normalize_embeddings, parser_config.normalize),
             ("unknown_buckets", config.unknown_buckets, parser_config.unknown_buckets),

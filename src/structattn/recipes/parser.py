@@ -79,6 +79,7 @@ class ParserConfig:
     decoder: Literal["eisner", "cle"] = "eisner"  # MAP trees: projective or not
     hidden_dim: int = 300  # projected word vectors (the NLI model's hidden_dim)
     parser_dim: int = 50  # BiLSTM (per direction) and MLP size of the arc scorer
+    parser_layers: int = 1  # BiLSTM layers of the arc scorer (the NLI layer's: 1)
     embeddings: str = ""  # GloVe-format vectors ("": ../shared/data/glove/glove.6B.50d.10k.txt)
     normalize: bool = True  # unit-normalise the pretrained vectors
     unknown_buckets: int = 100  # words without a vector: one of this many N(0, 1) vectors
@@ -105,7 +106,7 @@ class ParserConfig:
             raise ValueError(f"`loss` must be one of {LOSSES}, got {self.loss!r}")
         if self.decoder not in ("eisner", "cle"):
             raise ValueError(f"`decoder` must be eisner or cle, got {self.decoder!r}")
-        for name in ("hidden_dim", "parser_dim", "batch_size"):
+        for name in ("hidden_dim", "parser_dim", "parser_layers", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
         if not self.arc_scale > 0:
@@ -226,13 +227,14 @@ class ArcParser(nn.Module):
         features: WordFeatures | None = None,
         char_dim: int = 0,
         dropout: float = 0.0,
+        layers: int = 1,
     ) -> None:
         super().__init__()
         self.features = features or WordFeatures()
         self.embed = nn.Embedding.from_pretrained(table.float(), freeze=True, padding_idx=0)
         self.project = nn.Linear(table.shape[1], hidden_dim)
         self.root = nn.Parameter(torch.zeros(hidden_dim))
-        self.scorer = BiLSTMArcScorer(hidden_dim, parser_dim)
+        self.scorer = BiLSTMArcScorer(hidden_dim, parser_dim, layers)
         f = self.features
         self.word_embed = (
             None if f.trained is None else nn.Embedding(len(f.trained), hidden_dim, padding_idx=0)
@@ -339,7 +341,13 @@ def build_model(
     """The parser of ``config`` over the fixed ``table`` [V, E] with the vocabularies of its
     parser-side inputs."""
     return ArcParser(
-        table, config.hidden_dim, config.parser_dim, features, config.char_dim, config.dropout
+        table,
+        config.hidden_dim,
+        config.parser_dim,
+        features,
+        config.char_dim,
+        config.dropout,
+        config.parser_layers,
     )
 
 
