@@ -177,6 +177,12 @@ def test_bleu_significance_and_table(tmp_path: Path) -> None:
     table = nmt.significance_table(tmp_path)
     assert "CHAR" in table and "Structured" in table and "WORD" not in table
     assert nmt.significance_table(tmp_path / "nothing") == ""
+    # reproduce's plots hook writes the table beside the figures
+    assert nmt.RECIPE.plots is not None
+    results = {("char", "simple"): {"bleu": 1.0}, ("char", "structured"): {"bleu": 2.0}}
+    written = nmt.RECIPE.plots(results, tmp_path)
+    assert tmp_path / "significance.md" in written
+    assert (tmp_path / "significance.md").read_text() == table + "\n"
 
 
 def test_bleu_matches_sacrebleu_and_a_hand_count() -> None:

@@ -46,7 +46,7 @@ class BiLSTMArcScorer(nn.Module):
         self.forward_lstm = nn.LSTM(input_dim, hidden_dim, batch_first=True)
         self.backward_lstm = nn.LSTM(input_dim, hidden_dim, batch_first=True)
         self.upper = nn.ModuleList(
-            nn.ModuleList(nn.LSTM(2 * hidden_dim, hidden_dim, batch_first=True) for _ in "fb")
+            nn.ModuleList(nn.LSTM(2 * hidden_dim, hidden_dim, batch_first=True) for _ in range(2))
             for _ in range(layers - 1)
         )  # (forward, backward) LSTMs of layers 2..
         self.w_head = nn.Linear(2 * hidden_dim, hidden_dim, bias=False)  # W1

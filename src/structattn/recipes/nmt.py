@@ -628,7 +628,7 @@ def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> l
         written.append(viz.training_curves(run_dirs, out / "training_curves.png", ["perplexity"]))
     significance = significance_table(out)
     if significance:  # not a plot, but written and reported with them
-        (out / "significance.md").write_text(significance + "\n", encoding="utf-8")
+        atomic_write_text(out / "significance.md", significance + "\n")
         print(significance)
         written.append(out / "significance.md")
     return written
