@@ -15,6 +15,8 @@ from structattn.models.lstmn_text import (
     PAIR_MODELS,
     PairClassifier,
     SentenceClassifier,
+    SentenceEncoder,
+    WordByWordAttention,
     masked_mean,
 )
 from structattn.recipes.lstmn_sst import (
@@ -78,6 +80,52 @@ def test_padding_does_not_change_an_item() -> None:
             assert float(inter[2, :, 2:].abs().sum()) == 0.0  # padded premise words
     with pytest.raises(ValueError, match="kind"):
         PairClassifier("gru", 30, 6, 5)
+
+
+def test_word_by_word_attention_follows_rocktaschel_equations() -> None:
+    """The module on a padded batch == the paper's equations on each item alone (float64)."""
+    torch.manual_seed(0)
+    att = WordByWordAttention(4).double()
+    hyp, prem = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    hyp_mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    prem_mask = torch.tensor([[True] * 3, [True, True, False]])
+    with torch.no_grad():
+        tape, weights = att(hyp, hyp_mask, prem, prem_mask)
+    for b, (t_len, s_len) in enumerate([(5, 3), (2, 2)]):
+        y = prem[b, :s_len]  # [S, H]
+        r = torch.zeros(4, dtype=torch.float64)
+        for t in range(t_len):
+            h = hyp[b, t]
+            m = torch.tanh(
+                y @ att.premise_proj.weight.T
+                + h @ att.hypothesis_proj.weight.T
+                + r @ att.carry_proj.weight.T
+            )
+            alpha = torch.softmax(m @ att.score.weight[0], 0)
+            r = alpha @ y + torch.tanh(r @ att.carry.weight.T)
+            out = torch.tanh(r @ att.out_attended.weight.T + h @ att.out_hidden.weight.T)
+            assert torch.allclose(weights[b, t, :s_len], alpha)
+            assert torch.allclose(tape[b, t], out)
+        assert float(weights[b, t_len:].abs().sum() + weights[b, :, s_len:].abs().sum()) == 0.0
+        assert float(tape[b, t_len:].abs().sum()) == 0.0
+
+
+def test_lstm_encoder_final_state_is_the_last_real_word() -> None:
+    torch.manual_seed(0)
+    enc = SentenceEncoder("lstm", 3, 4).eval()
+    x = torch.randn(2, 5, 3)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    out = enc(x, mask, final_state=True)
+    alone = enc(x[1:, :2], mask[1:, :2], final_state=True)
+    assert out.final is not None and alone.final is not None
+    assert torch.allclose(out.final[0][:, 1], alone.final[0][:, 0], atol=1e-6)
+    assert torch.allclose(out.final[1][:, 1], alone.final[1][:, 0], atol=1e-6)
+    assert torch.allclose(out.hidden[1, :2], alone.hidden[0], atol=1e-6)
+    assert float(out.hidden[1, 2:].abs().sum()) == 0.0
+    started = enc(x, mask, state=out.final)  # a given start state changes the tape
+    assert not torch.allclose(started.hidden[0], out.hidden[0])
+    with pytest.raises(ValueError, match="LSTM encoder"):
+        SentenceEncoder("lstmn", 3, 4)(x, mask, final_state=True)
 
 
 def test_masked_mean_and_gradient_scale() -> None:

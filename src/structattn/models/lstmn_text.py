@@ -9,9 +9,11 @@
   hidden tape, concatenated, into the same classifier. ``kind``:
 
   - ``"lstm"`` / ``"lstmn"``: two independent encoders (no inter-attention);
-  - ``"lstm-attention"``: LSTMs, and every hypothesis state attends over the premise tape
-    (word-by-word, softmax over an MLP score); the hypothesis tape is
-    ``tanh(W [h_t; g~_t])`` (Rocktaschel et al. 2016 without the recurrence in the attention);
+  - ``"lstm-attention"``: Rocktaschel et al.'s (2016) word-by-word attention: the hypothesis
+    LSTM starts from the premise LSTM's final state (conditional encoding) and
+    :class:`WordByWordAttention` attends over the premise tape at every hypothesis word,
+    carrying the attended representation ``r_t`` from word to word; the hypothesis tape is
+    ``tanh(W^p r_t + W^x h_t)``;
   - ``"lstmn-shallow"``: LSTMN encoders; the hypothesis is read by an
     :class:`~structattn.nn.LSTMNDecoder` with shallow fusion, its tape ``tanh(W [h_t; g~_t])``;
   - ``"lstmn-deep"``: the same decoder with deep fusion (the attended premise memory enters the
@@ -30,7 +32,6 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..attention.basic import SoftmaxAttention
 from ..nn.lstmn import LSTMN, LSTMNDecoder
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "SentenceClassifier",
     "SentenceEncoder",
     "TextEmbedding",
+    "WordByWordAttention",
     "masked_mean",
 ]
 
@@ -52,6 +54,7 @@ class EncodedSentence(NamedTuple):
     hidden: Tensor  # [B, T, H] top layer's hidden tape
     memory: Tensor | None  # [B, T, H] LSTMN memory tape (None for the LSTM)
     attention: Tensor | None  # [B, L, T, T] LSTMN intra-attention of every layer
+    final: tuple[Tensor, Tensor] | None = None  # LSTM (h, c) after each item's last word
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -113,11 +116,33 @@ class SentenceEncoder(nn.Module):
         else:
             self.rnn = LSTMN(input_size, hidden_size, num_layers, dropout)
 
-    def forward(self, inputs: Tensor, mask: Tensor) -> EncodedSentence:
-        """-> :class:`EncodedSentence` (hidden tape [B, T, H], zeros at padding)."""
+    def forward(
+        self,
+        inputs: Tensor,
+        mask: Tensor,
+        state: tuple[Tensor, Tensor] | None = None,
+        final_state: bool = False,
+    ) -> EncodedSentence:
+        """-> :class:`EncodedSentence` (hidden tape [B, T, H], zeros at padding).
+
+        LSTM only: ``state`` ((h, c), each [num_layers, B, H]) starts the recurrence;
+        ``final_state=True`` also returns the state after each item's last real word (the
+        sequences are packed by length for that, which needs the lengths on the CPU)."""
         if self.kind == "lstm":
-            hidden, _ = self.rnn(inputs)  # [B, T, H]; right padding only follows real words
-            return EncodedSentence(hidden * mask.unsqueeze(-1).to(hidden.dtype), None, None)
+            if not final_state:
+                hidden, _ = self.rnn(inputs, state)  # right padding only follows real words
+                return EncodedSentence(hidden * mask.unsqueeze(-1).to(hidden.dtype), None, None)
+            lengths = mask.sum(1).clamp_min(1).cpu()  # packing's API takes CPU lengths
+            packed = nn.utils.rnn.pack_padded_sequence(
+                inputs, lengths, batch_first=True, enforce_sorted=False
+            )
+            out, final = self.rnn(packed, state)
+            hidden, _ = nn.utils.rnn.pad_packed_sequence(
+                out, batch_first=True, total_length=inputs.shape[1]
+            )  # [B, T, H], zeros at padding
+            return EncodedSentence(hidden, None, None, final)
+        if state is not None or final_state:
+            raise ValueError("`state` and `final_state` are for the LSTM encoder")
         out = self.rnn(inputs, mask)
         return EncodedSentence(out.hidden, out.memory, out.layer_attention)
 
@@ -163,6 +188,53 @@ class SentenceClassifier(nn.Module):
         return self.classifier(masked_mean(self.encode(tokens, mask).hidden, mask))
 
 
+class WordByWordAttention(nn.Module):
+    """Word-by-word attention of Rocktaschel et al. (2016, sec. 2.4), hidden size H.
+
+    For every hypothesis state ``h_t`` (in order): ``M_t = tanh(W^y Y + (W^h h_t +
+    W^r r_{t-1}) 1^T)``, ``alpha_t = softmax(w^T M_t)`` over the real premise words,
+    ``r_t = Y alpha_t + tanh(W^t r_{t-1})`` (``r_0 = 0``); the output tape is
+    ``tanh(W^p r_t + W^x h_t)``. Padded hypothesis positions keep ``r`` unchanged and give
+    zeros."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        h = hidden_size
+        self.premise_proj = nn.Linear(h, h, bias=False)  # W^y
+        self.hypothesis_proj = nn.Linear(h, h, bias=False)  # W^h
+        self.carry_proj = nn.Linear(h, h, bias=False)  # W^r
+        self.score = nn.Linear(h, 1, bias=False)  # w
+        self.carry = nn.Linear(h, h, bias=False)  # W^t
+        self.out_attended = nn.Linear(h, h, bias=False)  # W^p
+        self.out_hidden = nn.Linear(h, h, bias=False)  # W^x
+
+    def forward(
+        self, hypothesis: Tensor, hypothesis_mask: Tensor, premise: Tensor, premise_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``hypothesis`` [B, T, H], ``premise`` [B, S, H] with masks [B, T], [B, S] ->
+        (tape [B, T, H], attention [B, T, S]; zeros at padding)."""
+        keys = self.premise_proj(premise)  # [B, S, H]
+        queries = self.hypothesis_proj(hypothesis)  # [B, T, H]
+        blocked = ~premise_mask  # [B, S]
+        low = torch.finfo(keys.dtype).min
+        carried = hypothesis.new_zeros(hypothesis.shape[0], hypothesis.shape[2])  # r: [B, H]
+        tape, weights = [], []
+        for t in range(hypothesis.shape[1]):  # sequential: r_t depends on r_{t-1}
+            m = torch.tanh(keys + (queries[:, t] + self.carry_proj(carried)).unsqueeze(1))
+            alpha = torch.softmax(self.score(m).squeeze(-1).masked_fill(blocked, low), -1)
+            alpha = alpha.masked_fill(blocked, 0.0)  # [B, S] (an empty premise: zeros)
+            step = torch.bmm(alpha.unsqueeze(1), premise).squeeze(1) + torch.tanh(
+                self.carry(carried)
+            )  # [B, H]
+            carried = torch.where(hypothesis_mask[:, t, None], step, carried)
+            tape.append(carried)
+            weights.append(alpha)
+        keep = hypothesis_mask.unsqueeze(-1)  # [B, T, 1]
+        attended = torch.stack(tape, 1)  # [B, T, H]
+        out = torch.tanh(self.out_attended(attended) + self.out_hidden(hypothesis))
+        return out.masked_fill(~keep, 0.0), torch.stack(weights, 1).masked_fill(~keep, 0.0)
+
+
 class PairClassifier(nn.Module):
     """Premise and hypothesis encoders (see the module docstring for ``kind``), averaged
     tapes concatenated into a 2-layer ReLU MLP (logits [B, C])."""
@@ -185,15 +257,15 @@ class PairClassifier(nn.Module):
         self.embedding = TextEmbedding(vocab_size, embed_dim, pretrained)
         self.premise = SentenceEncoder(cell, embed_dim, hidden_size)
         self.hypothesis: nn.Module
-        self.attention: SoftmaxAttention | None = None
+        self.attention: WordByWordAttention | None = None
         self.combine: nn.Linear | None = None
         if kind in ("lstmn-shallow", "lstmn-deep"):
             self.hypothesis = LSTMNDecoder(embed_dim, hidden_size, kind.split("-")[1])
         else:
             self.hypothesis = SentenceEncoder(cell, embed_dim, hidden_size)
         if kind == "lstm-attention":
-            self.attention = SoftmaxAttention(hidden_size, hidden_size, scorer="mlp")
-        if kind in ("lstm-attention", "lstmn-shallow"):
+            self.attention = WordByWordAttention(hidden_size)
+        if kind == "lstmn-shallow":
             self.combine = nn.Linear(2 * hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
         self.classifier = _Classifier(2 * hidden_size, hidden_size, classes, dropout)
@@ -203,7 +275,10 @@ class PairClassifier(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Tapes of both sentences: premise [B, S, H], hypothesis [B, T, H] (zeros at
         padding) and the inter-attention [B, T, S] (None without one)."""
-        source = self.premise(self.dropout(self.embedding(premise)), premise_mask)
+        conditional = self.attention is not None  # Rocktaschel et al.'s conditional encoding
+        source = self.premise(
+            self.dropout(self.embedding(premise)), premise_mask, final_state=conditional
+        )
         target_in = self.dropout(self.embedding(hypothesis))  # [B, T, D]
         inter: Tensor | None = None
         keep = hypothesis_mask.unsqueeze(-1)  # [B, T, 1]
@@ -215,13 +290,11 @@ class PairClassifier(nn.Module):
             if self.combine is not None:  # shallow fusion: combine h_t with g~_t
                 tape = torch.tanh(self.combine(torch.cat([tape, out.context], -1)))
                 tape = tape.masked_fill(~keep, 0.0)
+        elif self.attention is not None:
+            tape = self.hypothesis(target_in, hypothesis_mask, source.final).hidden  # [B, T, H]
+            tape, inter = self.attention(tape, hypothesis_mask, source.hidden, premise_mask)
         else:
             tape = self.hypothesis(target_in, hypothesis_mask).hidden  # [B, T, H]
-            if self.attention is not None and self.combine is not None:
-                attended = self.attention(tape, source.hidden, premise_mask)
-                inter = attended.weights.masked_fill(~keep, 0.0)  # [B, T, S]
-                tape = torch.tanh(self.combine(torch.cat([tape, attended.context], -1)))
-                tape = tape.masked_fill(~keep, 0.0)
         return source.hidden, tape, inter
 
     def forward(

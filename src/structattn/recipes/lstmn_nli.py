@@ -2,7 +2,9 @@
 al. 2016, sec. 5.3, Table 3).
 
 Models (:class:`~structattn.models.lstmn_text.PairClassifier`): ``lstm`` (two LSTM encoders),
-``lstm-attention`` (word-by-word attention of the hypothesis over the premise), ``lstmn``,
+``lstm-attention`` (Rocktaschel et al.'s word-by-word attention with conditional encoding:
+the hypothesis LSTM starts from the premise's final state, the attended premise is carried
+from word to word; its tape ``tanh(W^p r_t + W^x h_t)`` is averaged like the others), ``lstmn``,
 ``lstmn-shallow`` and ``lstmn-deep`` (an LSTMN premise encoder and an LSTMN decoder reading
 the hypothesis with inter-attention; deep fusion writes the attended premise memory into the
 hypothesis memory). The average of each hidden tape, concatenated, goes to a 2-layer ReLU
