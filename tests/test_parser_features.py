@@ -28,16 +28,18 @@ def _treebank(sentences: int, seed: int) -> list[str]:
     blocks = []
     for k in range(sentences):
         words = [rng.choice(["the", "a"]), rng.choice(nouns), rng.choice(verbs)]
-        heads = [2, 3, 0]
+        heads, tags = [2, 3, 0], ["DET", "NOUN", "VERB"]
         if rng.random() < 0.5:
             words += [rng.choice(["the", "a"]), rng.choice(nouns)]
             heads += [5, 3]
+            tags += ["DET", "NOUN"]
         if rng.random() < 0.5:
             words = [rng.choice(["quux", "frobly"]), *words]
             heads = [4] + [h + 1 if h else 0 for h in heads]
+            tags = ["ADV", *tags]
         lines = [f"# sent_id = s{k}"] + [
-            f"{i}\t{w}\t{w}\tX\t_\t_\t{h}\tdep\t_\t_"
-            for i, (w, h) in enumerate(zip(words, heads, strict=True), start=1)
+            f"{i}\t{w}\t{w}\t{t}\t_\t_\t{h}\tdep\t_\t_"
+            for i, (w, t, h) in enumerate(zip(words, tags, heads, strict=True), start=1)
         ]
         blocks.append("\n".join(lines) + "\n")
     return blocks
@@ -129,6 +131,44 @@ def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
     # any words: the saved vocabularies of the parser-side inputs are used again
     heads = parser.parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"], ["new"]])
     assert heads == [[2, 3, 0], [0]]
+
+
+def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path / "data")
+    config = replace_path(
+        parser.RECIPE.presets["quick"].config,
+        {"data_dir": str(tmp_path / "data"), "max_train": 0, "max_eval": 0, "arc_scale": 10.0,
+         "word_min_count": 2, "upos_aux": 1.0, "parser_layers": 2, "train.epochs": 6,
+         "train.lr": 0.02},
+    )  # fmt: skip
+    parser.train(config, tmp_path / "run")
+    model, words, loaded = parser.load_trained(tmp_path / "run")
+    assert model.tagger is not None and model.features.tags is None  # tags are not an input
+    dev = parser.load_data(config)["dev"]
+    scores, _ = parser.evaluate(model, words, dev, loaded)
+    assert scores["upos_accuracy"] > 95, scores  # 5 tags, one per word class
+    assert scores["uas"] > 80, scores
+    # the tagger's logits of a sentence do not depend on the batch's padding
+    batch = dev[:3]
+    ids, lengths = parser._encode([s.words for s in batch], words, torch.device("cpu"))
+    inputs = model.features.encode([s.words for s in batch], None, torch.device("cpu"))
+    _, tags = model.scores_and_tags(ids, lengths, **inputs)
+    assert tags is not None
+    for b, s in enumerate(batch):
+        n = len(s)
+        one = {k: v[b : b + 1, :n] for k, v in inputs.items()}
+        _, alone = model.scores_and_tags(ids[b : b + 1, :n], lengths[b : b + 1], **one)
+        assert alone is not None
+        torch.testing.assert_close(alone[0], tags[b, :n])
+    # the plain-sentence path needs no tags
+    assert len(parser.parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"]])[0]) == 3
+    with pytest.raises(ValueError, match="upos_aux"):
+        parser.ParserConfig(upos_aux=-1.0)
+    plain, _ = _model()
+    with pytest.raises(ValueError, match="auxiliary tagger"):
+        parser.tag_accuracy(plain, words, dev)
 
 
 def test_the_cpu_preset_parser_fits_the_nli_cpu_preset() -> None:

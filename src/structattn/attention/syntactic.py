@@ -61,13 +61,23 @@ class BiLSTMArcScorer(nn.Module):
         bwd, _ = backward(reverse_padded(x, lengths))
         return torch.cat([fwd, reverse_padded(bwd, lengths)], dim=-1)  # [B, N, 2H]
 
-    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+    def states(self, x: Tensor, lengths: Tensor) -> list[Tensor]:
+        """The BiLSTM states of every layer, bottom first (each [B, N, 2H])."""
         h = self._bidirectional(self.forward_lstm, self.backward_lstm, x, lengths)  # [B, N, 2H]
+        out = [h]
         for pair in self.upper:
             assert isinstance(pair, nn.ModuleList)
             h = self._bidirectional(pair[0], pair[1], h, lengths)
+            out.append(h)
+        return out
+
+    def arc_scores(self, h: Tensor) -> Tensor:
+        """theta [B, N, N] of the top layer's states ``h`` [B, N, 2H]."""
         hidden = self.w_head(h).unsqueeze(2) + self.w_mod(h).unsqueeze(1)  # [B, N(i), N(j), H]
         return torch.tanh(self.s(torch.tanh(hidden)).squeeze(-1))  # [B, N, N]
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        return self.arc_scores(self.states(x, lengths)[-1])
 
 
 class SyntacticAttentionOutput(NamedTuple):

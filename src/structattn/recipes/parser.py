@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import BiLSTMArcScorer
@@ -59,6 +60,7 @@ __all__ = [
     "load_trained",
     "parse_sentences",
     "predict_heads",
+    "tag_accuracy",
     "word_vocabulary",
     "score",
     "train",
@@ -94,6 +96,8 @@ class ParserConfig:
     max_chars: int = 20  # the character CNN reads at most the first this many characters
     upos: bool = False  # add a trained vector of the gold UPOS tag (needs tagged input; the
     # NLI sentences have none)
+    upos_aux: float = 0.0  # >0: weight of an auxiliary UPOS tagging loss on the scorer's
+    # first BiLSTM layer (training only: the parser still reads words alone)
     dropout: float = 0.0  # dropout on the word vectors entering the BiLSTM (training only)
     batch_size: int = 32  # sentences per batch
     max_train: int = 0  # use only the first this many training sentences (0: all)
@@ -116,6 +120,8 @@ class ParserConfig:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
         if self.max_chars < 1:
             raise ValueError(f"`max_chars` must be >= 1, got {self.max_chars}")
+        if not self.upos_aux >= 0:
+            raise ValueError(f"`upos_aux` must be >= 0, got {self.upos_aux}")
         for name in ("dropout", "word_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
@@ -127,7 +133,8 @@ class WordFeatures:
 
     ``trained``: lower-cased training words seen at least ``word_min_count`` times (``<unk>``
     for the rest); ``chars``: the characters of the training words (``<unk>`` for others),
-    at most ``max_chars`` per word (the first ones); ``tags``: UPOS tags.
+    at most ``max_chars`` per word (the first ones); ``tags``: UPOS tags read as input;
+    ``targets``: UPOS tags predicted by the auxiliary tagger (``upos_aux``; not an input).
     """
 
     def __init__(
@@ -136,8 +143,10 @@ class WordFeatures:
         chars: WordVocabulary | None = None,
         tags: WordVocabulary | None = None,
         max_chars: int = 20,
+        targets: WordVocabulary | None = None,
     ) -> None:
         self.trained, self.chars, self.tags, self.max_chars = trained, chars, tags, max_chars
+        self.targets = targets
 
     @classmethod
     def build(cls, config: ParserConfig, train: Sequence[ConlluSentence]) -> WordFeatures:
@@ -147,7 +156,7 @@ class WordFeatures:
             kept = tuple(item for item, c in counts.most_common() if c >= min_count)
             return WordVocabulary(WordVocabulary.SPECIALS + kept)
 
-        trained = chars = tags = None
+        trained = chars = tags = targets = None
         if config.word_min_count:
             words = Counter(w.lower() for s in train for w in s.words)
             trained = ranked(words, config.word_min_count)
@@ -155,12 +164,14 @@ class WordFeatures:
             chars = ranked(Counter(ch for s in train for w in s.words for ch in w))
         if config.upos:
             tags = ranked(Counter(t for s in train for t in s.upos))
-        return cls(trained, chars, tags, config.max_chars)
+        if config.upos_aux:
+            targets = ranked(Counter(t for s in train for t in s.upos))
+        return cls(trained, chars, tags, config.max_chars, targets)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the ``extra`` of the parser's checkpoints)."""
         out: dict[str, Any] = {"max_chars": self.max_chars}
-        for name in ("trained", "chars", "tags"):
+        for name in ("trained", "chars", "tags", "targets"):
             vocabulary = getattr(self, name)
             out[name] = None if vocabulary is None else vocabulary.to_dict()
         return out
@@ -170,11 +181,11 @@ class WordFeatures:
         """Inverse of :meth:`to_dict` (``None``: no extra inputs, a run of older code)."""
         if not data:
             return cls()
-        trained, chars, tags = (
-            None if data[name] is None else WordVocabulary.from_dict(data[name])
-            for name in ("trained", "chars", "tags")
+        trained, chars, tags, targets = (
+            None if data.get(name) is None else WordVocabulary.from_dict(data[name])
+            for name in ("trained", "chars", "tags", "targets")
         )
-        return cls(trained, chars, tags, int(data["max_chars"]))
+        return cls(trained, chars, tags, int(data["max_chars"]), targets)
 
     def encode(
         self,
@@ -207,13 +218,25 @@ class WordFeatures:
             out["tags"] = ids.to(device)
         return out
 
+    def encode_targets(self, tags: Sequence[Sequence[str]], device: torch.device) -> Tensor:
+        """UPOS target ids [B, N] of the auxiliary tagger (0 = padding; ``<unk>`` for a tag
+        unseen in training)."""
+        if self.targets is None:
+            raise ValueError("this parser has no auxiliary tagger (upos_aux = 0)")
+        ids = torch.zeros(len(tags), max(len(t) for t in tags), dtype=torch.long)
+        for b, t in enumerate(tags):
+            ids[b, : len(t)] = torch.tensor(self.targets.encode(list(t)))
+        return ids.to(device)
+
 
 class ArcParser(nn.Module):
     """Arc scores theta [B, N+1, N+1] (ROOT at 0; theta[b, h, m]: h heads m) of word ids.
 
     ``embed`` (fixed table [V, E]) -> ``project`` (E -> H) -> plus the optional parser-side
     inputs of ``features`` (a trained vector of the word, a character CNN, a UPOS vector; each
-    [B, N, H]) -> dropout -> ROOT vector prepended -> ``scorer`` (:class:`BiLSTMArcScorer`).
+    [B, N, H]) -> dropout -> ROOT vector prepended -> ``scorer`` (:class:`BiLSTMArcScorer`);
+    with ``features.targets`` a linear ``tagger`` on the scorer's first BiLSTM layer predicts
+    each word's UPOS (:meth:`scores_and_tags`; the auxiliary loss of ``upos_aux``).
     The names ``project``, ``root`` and ``scorer`` match
     :class:`~structattn.models.DecomposableAttention`'s projection and its
     ``syntactic.root`` / ``syntactic.scorer`` (the NLI layer has no parser-side inputs).
@@ -250,6 +273,7 @@ class ArcParser(nn.Module):
             None if f.tags is None else nn.Embedding(len(f.tags), hidden_dim, padding_idx=0)
         )
         self.dropout = nn.Dropout(dropout)
+        self.tagger = None if f.targets is None else nn.Linear(2 * parser_dim, len(f.targets))
 
     def char_vectors(self, chars: Tensor) -> Tensor:
         """Max-pooled character CNN of char ids [B, N, C] (0 = padding) -> [B, N, H] (zeros
@@ -281,6 +305,18 @@ class ArcParser(nn.Module):
         """Arc scores [B, N+1, N+1] of word vectors [B, N, H] with ``lengths`` [B] words."""
         root = self.root.expand(vectors.shape[0], 1, -1)
         return self.scorer(torch.cat([root, self.dropout(vectors)], dim=1), lengths + 1)
+
+    def scores_and_tags(
+        self, words: Tensor, lengths: Tensor, **inputs: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """Arc scores [B, N+1, N+1] as :meth:`forward` and the auxiliary tagger's UPOS logits
+        [B, N, T] of each word (``None`` without a tagger)."""
+        vectors = self.word_vectors(words, inputs)
+        root = self.root.expand(vectors.shape[0], 1, -1)
+        x = torch.cat([root, self.dropout(vectors)], dim=1)
+        states = self.scorer.states(x, lengths + 1)
+        tags = None if self.tagger is None else self.tagger(states[0][:, 1:])
+        return self.scorer.arc_scores(states[-1]), tags
 
     def forward(self, words: Tensor, lengths: Tensor, **inputs: Tensor) -> Tensor:
         """Arc scores of word ids [B, N] (0 = padding) with ``lengths`` [B] words and the
@@ -428,12 +464,44 @@ def evaluate(
         tags=[s.upos for s in sentences] if config.upos else None,
     )  # fmt: skip
     scores = attachment_scores(sentences, heads)
-    return {
+    out: dict[str, Any] = {
         "uas": 100 * scores.uas,
         "uas_no_punct": 100 * scores.uas_no_punct,
         "words": scores.words,
         "sentences": len(sentences),
-    }, heads
+    }
+    if model.tagger is not None:
+        out["upos_accuracy"] = 100 * tag_accuracy(model, words, sentences, device)
+    return out, heads
+
+
+@torch.no_grad()
+def tag_accuracy(
+    model: ArcParser,
+    words: WordVocabulary,
+    sentences: Sequence[ConlluSentence],
+    device: torch.device | str = "cpu",
+    batch_size: int = 128,
+) -> float:
+    """Share of words whose gold UPOS the auxiliary tagger predicts (a parser trained with
+    ``upos_aux`` > 0)."""
+    targets = model.features.targets
+    if model.tagger is None or targets is None:
+        raise ValueError("this parser has no auxiliary tagger (upos_aux = 0)")
+    device = torch.device(device)
+    model.eval()
+    right = total = 0
+    for start in range(0, len(sentences), batch_size):
+        batch = sentences[start : start + batch_size]
+        ids, lengths = _encode([s.words for s in batch], words, device)
+        inputs = model.features.encode([s.words for s in batch], [s.upos for s in batch], device)
+        _, logits = model.scores_and_tags(ids, lengths, **inputs)
+        assert logits is not None
+        gold = model.features.encode_targets([s.upos for s in batch], device)  # [B, N]
+        real = gold > 0
+        right += int(((logits.argmax(-1) == gold) & real).sum())
+        total += int(real.sum())
+    return right / max(total, 1)
 
 
 def train(config: ParserConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
@@ -465,33 +533,45 @@ def train(config: ParserConfig, run_dir: str | Path, resume: bool = False) -> di
         rng.shuffle(chunks)
         return chunks
 
-    Batch = tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]
+    Batch = tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | None]
 
     def collate(batch: Sequence[ConlluSentence], dev: torch.device) -> Batch:
         ids, lengths = _encode([s.words for s in batch], words, dev)
         inputs = features.encode([s.words for s in batch], [s.upos for s in batch], dev)
         heads, _ = heads_tensor(batch)  # [B, N+1], -1 at ROOT and padding
-        return ids, lengths, heads.to(dev), inputs
+        targets = (
+            None if features.targets is None
+            else features.encode_targets([s.upos for s in batch], dev)
+        )  # fmt: skip
+        return ids, lengths, heads.to(dev), inputs, targets
 
     def loss(m: nn.Module, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
-        ids, lengths, heads, inputs = batch
+        assert isinstance(m, ArcParser)
+        ids, lengths, heads, inputs, targets = batch
         if m.training and config.word_dropout and "trained" in inputs:
             trained = inputs["trained"]
             drop = torch.rand(trained.shape, device=trained.device) < config.word_dropout
             inputs = {**inputs, "trained": trained.masked_fill(drop & (trained > 0), 1)}
-        scores = config.arc_scale * m(ids, lengths, **inputs)  # [B, N+1, N+1]
+        theta, tag_logits = m.scores_and_tags(ids, lengths, **inputs)
+        scores = config.arc_scale * theta  # [B, N+1, N+1]
         if config.loss == "projective":
             crf: Any = DependencyCRF(scores, lengths + 1, multiroot=False)
             heads = projectivize(heads, lengths + 1)
         else:
             crf = NonProjectiveDependencyCRF(scores, lengths + 1, multiroot=False)
         nll = structured_nll(crf, heads, reduction="sum")
+        if tag_logits is not None and targets is not None:  # the auxiliary UPOS loss
+            tagging = F.cross_entropy(
+                tag_logits.flatten(0, 1), targets.flatten(), ignore_index=0, reduction="sum"
+            )
+            nll = nll + config.upos_aux * tagging
         return nll, lengths.sum(), lengths.sum()
 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, ArcParser)
         scores, _ = evaluate(m, words, splits["dev"], config, device)
-        return {"metric": scores["uas"] / 100, "uas": scores["uas"]}
+        tagged = {"upos_accuracy": scores["upos_accuracy"]} if "upos_accuracy" in scores else {}
+        return {"metric": scores["uas"] / 100, "uas": scores["uas"], **tagged}
 
     task = Task(
         model=model,
