@@ -177,5 +177,7 @@ def test_the_cpu_preset_parser_fits_the_nli_cpu_preset() -> None:
     from structattn.recipes import nli
 
     ours, theirs = parser.RECIPE.presets["cpu"].config, nli.RECIPE.presets["cpu"].config
-    assert (ours.hidden_dim, ours.parser_dim) == (theirs.hidden_dim, theirs.parser_dim)
-    assert ours.word_min_count == 2 and ours.char_dim > 0 and not ours.upos
+    assert (ours.hidden_dim, ours.parser_dim, ours.parser_layers) == (
+        theirs.hidden_dim, theirs.parser_dim, theirs.parser_layers
+    )  # fmt: skip
+    assert ours.word_min_count == 2 and ours.char_dim > 0 and not ours.upos and ours.upos_aux > 0
