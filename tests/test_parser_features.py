@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -111,18 +112,26 @@ def test_missing_inputs_and_bad_values_are_errors() -> None:
     assert parser.WordFeatures.from_dict(None).to_dict()["trained"] is None  # older runs
 
 
-def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
-    tmp_path: Path,
-) -> None:
+def _train_tiny(
+    tmp_path: Path, **fields: Any
+) -> tuple[parser.ParserConfig, parser.ArcParser, Any, parser.ParserConfig]:
+    """Train the quick preset with word vectors and ``fields`` on the toy treebank for 6
+    epochs; -> (config, the loaded model, its words, its loaded config)."""
     _write(tmp_path / "data")
     config = replace_path(
         parser.RECIPE.presets["quick"].config,
         {"data_dir": str(tmp_path / "data"), "max_train": 0, "max_eval": 0, "arc_scale": 10.0,
-         "word_min_count": 2, "char_dim": 8, "dropout": 0.1, "train.epochs": 6,
-         "train.lr": 0.02},
+         "word_min_count": 2, "train.epochs": 6, "train.lr": 0.02, **fields},
     )  # fmt: skip
     parser.train(config, tmp_path / "run")
     model, words, loaded = parser.load_trained(tmp_path / "run")
+    return config, model, words, loaded
+
+
+def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
+    tmp_path: Path,
+) -> None:
+    config, model, words, loaded = _train_tiny(tmp_path, char_dim=8, dropout=0.1)
     assert model.word_embed is not None and model.char_conv is not None
     assert loaded.word_min_count == 2
     dev = parser.load_data(config)["dev"]
@@ -136,15 +145,7 @@ def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
 def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
     tmp_path: Path,
 ) -> None:
-    _write(tmp_path / "data")
-    config = replace_path(
-        parser.RECIPE.presets["quick"].config,
-        {"data_dir": str(tmp_path / "data"), "max_train": 0, "max_eval": 0, "arc_scale": 10.0,
-         "word_min_count": 2, "upos_aux": 1.0, "parser_layers": 2, "train.epochs": 6,
-         "train.lr": 0.02},
-    )  # fmt: skip
-    parser.train(config, tmp_path / "run")
-    model, words, loaded = parser.load_trained(tmp_path / "run")
+    config, model, words, loaded = _train_tiny(tmp_path, upos_aux=1.0, parser_layers=2)
     assert model.tagger is not None and model.features.tags is None  # tags are not an input
     dev = parser.load_data(config)["dev"]
     scores, _ = parser.evaluate(model, words, dev, loaded)
