@@ -162,10 +162,10 @@ class WordFeatures:
             trained = ranked(words, config.word_min_count)
         if config.char_dim:
             chars = ranked(Counter(ch for s in train for w in s.words for ch in w))
-        if config.upos:
-            tags = ranked(Counter(t for s in train for t in s.upos))
-        if config.upos_aux:
-            targets = ranked(Counter(t for s in train for t in s.upos))
+        if config.upos or config.upos_aux:
+            upos = ranked(Counter(t for s in train for t in s.upos))
+            tags = upos if config.upos else None
+            targets = upos if config.upos_aux else None
         return cls(trained, chars, tags, config.max_chars, targets)
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,10 +198,8 @@ class WordFeatures:
         width = max(len(s) for s in sentences)
         out: dict[str, Tensor] = {}
         if self.trained is not None:
-            ids = torch.zeros(len(sentences), width, dtype=torch.long)
-            for b, s in enumerate(sentences):
-                ids[b, : len(s)] = torch.tensor(self.trained.encode([w.lower() for w in s]))
-            out["trained"] = ids.to(device)
+            lowered = [[w.lower() for w in s] for s in sentences]
+            out["trained"] = _padded_ids(self.trained, lowered, device, width)
         if self.chars is not None:
             span = min(self.max_chars, max(len(w) for s in sentences for w in s))
             ids = torch.zeros(len(sentences), width, span, dtype=torch.long)
@@ -212,10 +210,7 @@ class WordFeatures:
         if self.tags is not None:
             if tags is None:
                 raise ValueError("this parser reads UPOS tags (trained with --upos): give them")
-            ids = torch.zeros(len(sentences), width, dtype=torch.long)
-            for b, t in enumerate(tags):
-                ids[b, : len(t)] = torch.tensor(self.tags.encode(list(t)))
-            out["tags"] = ids.to(device)
+            out["tags"] = _padded_ids(self.tags, tags, device, width)
         return out
 
     def encode_targets(self, tags: Sequence[Sequence[str]], device: torch.device) -> Tensor:
@@ -223,10 +218,22 @@ class WordFeatures:
         unseen in training)."""
         if self.targets is None:
             raise ValueError("this parser has no auxiliary tagger (upos_aux = 0)")
-        ids = torch.zeros(len(tags), max(len(t) for t in tags), dtype=torch.long)
-        for b, t in enumerate(tags):
-            ids[b, : len(t)] = torch.tensor(self.targets.encode(list(t)))
-        return ids.to(device)
+        return _padded_ids(self.targets, tags, device)
+
+
+def _padded_ids(
+    vocabulary: WordVocabulary,
+    sequences: Sequence[Sequence[str]],
+    device: torch.device,
+    width: int | None = None,
+) -> Tensor:
+    """Ids [B, N] of each sequence's items in ``vocabulary``, right-padded with 0 to ``width``
+    (default: the longest sequence)."""
+    width = max(len(s) for s in sequences) if width is None else width
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    for b, items in enumerate(sequences):
+        ids[b, : len(items)] = torch.tensor(vocabulary.encode(list(items)))
+    return ids.to(device)
 
 
 class ArcParser(nn.Module):
@@ -301,19 +308,22 @@ class ArcParser(nn.Module):
             x = x + self.char_vectors(inputs["chars"])
         return x
 
+    def _with_root(self, vectors: Tensor) -> Tensor:
+        """The scorer's input [B, N+1, H]: ROOT, then the word vectors [B, N, H] after
+        dropout."""
+        root = self.root.expand(vectors.shape[0], 1, -1)
+        return torch.cat([root, self.dropout(vectors)], dim=1)
+
     def score_vectors(self, vectors: Tensor, lengths: Tensor) -> Tensor:
         """Arc scores [B, N+1, N+1] of word vectors [B, N, H] with ``lengths`` [B] words."""
-        root = self.root.expand(vectors.shape[0], 1, -1)
-        return self.scorer(torch.cat([root, self.dropout(vectors)], dim=1), lengths + 1)
+        return self.scorer(self._with_root(vectors), lengths + 1)
 
     def scores_and_tags(
         self, words: Tensor, lengths: Tensor, **inputs: Tensor
     ) -> tuple[Tensor, Tensor | None]:
         """Arc scores [B, N+1, N+1] as :meth:`forward` and the auxiliary tagger's UPOS logits
         [B, N, T] of each word (``None`` without a tagger)."""
-        vectors = self.word_vectors(words, inputs)
-        root = self.root.expand(vectors.shape[0], 1, -1)
-        x = torch.cat([root, self.dropout(vectors)], dim=1)
+        x = self._with_root(self.word_vectors(words, inputs))
         states = self.scorer.states(x, lengths + 1)
         tags = None if self.tagger is None else self.tagger(states[0][:, 1:])
         return self.scorer.arc_scores(states[-1]), tags
@@ -363,12 +373,8 @@ def _table(config: ParserConfig, words: WordVocabulary) -> Tensor:
 def _encode(
     sentences: Sequence[Sequence[str]], words: WordVocabulary, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    width = max(len(s) for s in sentences)
-    ids = torch.zeros(len(sentences), width, dtype=torch.long)  # [B, N]
-    for b, s in enumerate(sentences):
-        ids[b, : len(s)] = torch.tensor(words.encode(s))
     lengths = torch.tensor([len(s) for s in sentences])  # [B]
-    return ids.to(device), lengths.to(device)
+    return _padded_ids(words, sentences, device), lengths.to(device)
 
 
 def build_model(
