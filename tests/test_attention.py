@@ -165,6 +165,56 @@ def test_memory_crf_against_brute_force(binary: bool) -> None:
         assert (out.edge_marginals.diagonal(dim1=-2, dim2=-1) == 0).all()
 
 
+@pytest.mark.parametrize("binary", [False, True])
+def test_memory_crf_memory_queries_against_brute_force(binary: bool) -> None:
+    """query_mode="memory": q_{k+1} = sum_i theta_k(i) o_i^k over the real facts, then the
+    same CRF as in linear mode; padding never changes anything; values are required."""
+    k, n = 3, 5
+    layer = MemoryCRFAttention(D, steps=k, binary=binary, query_mode="memory").double()
+    assert layer.query_update is None and not any(True for _ in layer.parameters())
+    mask = torch.tensor([[True] * n, [True, False, True, True, False]])
+    query = torch.randn(2, D, dtype=torch.float64)
+    keys = torch.randn(2, k, n, D, dtype=torch.float64)
+    values = torch.randn(2, k, n, D, dtype=torch.float64)
+    out = layer(query, keys, values, mask)
+    for b in range(2):
+        real = mask[b].nonzero().squeeze(-1)
+        q, unary = query[b], []
+        for s in range(k):
+            theta = keys[b, s, real] @ q
+            unary.append(theta)
+            torch.testing.assert_close(out.queries[b, s], q)
+            q = theta @ values[b, s, real]
+        unary_t = torch.stack(unary)
+        torch.testing.assert_close(out.unary[b][:, real], unary_t)
+        pair = None
+        if binary:
+            pair = torch.stack([keys[b, s, real] @ keys[b, s + 1, real].T for s in range(k - 1)])
+        seqs, scores = _brute_memory(unary_t, pair, no_repeat=binary)
+        probs = (scores - scores.logsumexp(0)).exp()
+        marg = torch.zeros(k, len(real), dtype=torch.float64)
+        for z, p in zip(seqs, probs, strict=True):
+            for s in range(k):
+                marg[s, z[s]] += p
+        torch.testing.assert_close(out.marginals[b][:, real], marg)
+        best = [int(real[i]) for i in seqs[int(scores.argmax())]]
+        assert layer.decode(query, keys, mask, values=values)[b].tolist() == best
+    keys2 = torch.stack([_perturb_padding(keys[:, s], mask) for s in range(k)], 1)
+    values2 = torch.stack([_perturb_padding(values[:, s], mask) for s in range(k)], 1)
+    again = layer(query, keys2, values2, mask)
+    torch.testing.assert_close(again.context, out.context)
+    inputs = (query[1:], keys[1:, :, :, :3], values[1:, :, :, :3])
+    small = MemoryCRFAttention(3, steps=k, binary=binary, query_mode="memory")
+    assert torch.autograd.gradcheck(
+        lambda q_, k_, v_: small(q_[:, :3], k_, v_, mask[1:]).context,
+        tuple(x.clone().requires_grad_() for x in inputs),
+    )
+    with pytest.raises(ValueError, match="values"):
+        layer.decode(query, keys, mask)
+    with pytest.raises(ValueError, match="query_mode"):
+        MemoryCRFAttention(D, steps=2, query_mode="greedy")  # type: ignore[arg-type]
+
+
 def test_memory_crf_one_step_is_softmax_over_facts() -> None:
     layer = MemoryCRFAttention(D, steps=1)
     query, keys, values = torch.randn(3, D), torch.randn(3, 7, D), torch.randn(3, 7, D)

@@ -191,6 +191,28 @@ def test_crf_linear_start_reaches_the_model() -> None:
         babi.BabiConfig(crf_linear_start="linear")  # type: ignore[arg-type]
 
 
+def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, capsys) -> None:
+    vocab = BabiVocabulary.build(
+        parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])
+    )
+    for model in ("unary-crf", "binary-crf"):
+        built = babi.build_model(babi.BabiConfig(model=model, crf_query="memory"), vocab)
+        assert built.crf is not None and built.crf.query_mode == "memory"
+        assert built.crf.query_update is None
+    with pytest.raises(ValueError, match="crf_query"):
+        babi.BabiConfig(crf_query="greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="query_init"):
+        babi.BabiConfig(crf_query="memory", query_init="identity")
+    out = tmp_path / "run"
+    common = ["--data-dir", str(data_dir), "--progress", "false", "--batch-size", "8"]
+    args = ["train", "babi", "--task", "2", "--model", "binary-crf", "--crf-query", "memory"]
+    assert _cli(*args, "--runs", "1", "--epochs", "2", "--out", str(out), *common) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "run_00" / "config.json").read_text())["crf_query"] == "memory"
+    assert _cli("eval", "babi", "--checkpoint", str(out)) == 0  # rebuilds the memory-mode model
+    assert f"Ans {trained['ans']:.1f}%" in capsys.readouterr().out
+
+
 def test_fit_calls_epoch_hook_and_sum_loss_scales_lr(tmp_path: Path) -> None:
     """Summed-loss SGD with lr equals mean-loss SGD with lr * batch size (equal batches)."""
     data = torch.randn(12, 3)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -10,7 +10,10 @@ from torch import Tensor, nn
 from .._validation import check_mask
 from ..distributions import LinearChainCRF
 
-__all__ = ["MemoryCRFAttention", "MemoryCRFOutput"]
+__all__ = ["QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
+
+#: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
+QUERY_MODES = ("linear", "memory")
 
 
 class MemoryCRFOutput(NamedTuple):
@@ -29,7 +32,10 @@ class MemoryCRFAttention(nn.Module):
     r"""Attention as an n-state, K-step linear-chain CRF over memory facts.
 
     z_k in {1..n} is the fact selected at inference step k. With per-step fact keys x_i^k,
-    values o_i^k and queries q_{k+1} = Q q_k:
+    values o_i^k and queries q_{k+1} = Q q_k (``query_mode="linear"``, the paper's text) or
+    q_{k+1} = sum_i theta_k(i) o_i^k over the real facts (``"memory"``: a fact-dependent
+    linear map of q_k, M_k^T X_k q_k, as the SAN authors' released unary model computes its
+    second query; it lets a later step's potentials depend on what the story says):
 
     .. math:: \theta_k(i) = (x_i^k)^\top q_k, \qquad
               \theta_{k,k+1}(i, j) = (x_i^k)^\top x_j^{k+1}\ \ (\text{binary model})
@@ -45,10 +51,13 @@ class MemoryCRFAttention(nn.Module):
         binary: add the fact-to-fact pairwise potentials (default True).
         no_repeat: forbid selecting the same fact at consecutive steps (default: ``binary``).
         normalize_potentials: log-softmax the unary potentials over facts at each step.
+        query_mode: ``"linear"`` (Q, a learned D x D map) or ``"memory"`` (no parameters;
+            the raw scores theta_k, before any log-softmax, weight the values).
 
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
     ``pairwise=False`` drops the binary model's fact-to-fact potentials for one call.
+    :meth:`crf`, :meth:`decode` and :meth:`topk` need ``values`` in ``"memory"`` mode.
     Items whose constraints leave no valid fact sequence (e.g. one fact with ``no_repeat``
     and K >= 2) get zero marginals and a zero context.
 
@@ -66,16 +75,23 @@ class MemoryCRFAttention(nn.Module):
         binary: bool = True,
         no_repeat: bool | None = None,
         normalize_potentials: bool = False,
+        query_mode: Literal["linear", "memory"] = "linear",
     ) -> None:
         super().__init__()
         if steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {steps}")
+        if query_mode not in QUERY_MODES:
+            raise ValueError(f"`query_mode` must be one of {QUERY_MODES}, got {query_mode!r}")
+        self.query_mode = query_mode
         self.embed_dim = embed_dim
         self.steps = steps
         self.binary = binary
         self.no_repeat = binary if no_repeat is None else no_repeat
         self.normalize_potentials = normalize_potentials
-        self.query_update = nn.Linear(embed_dim, embed_dim, bias=False)  # q_{k+1} = Q q_k
+        # q_{k+1} = Q q_k (linear mode only)
+        self.query_update = (
+            nn.Linear(embed_dim, embed_dim, bias=False) if query_mode == "linear" else None
+        )
 
     def _per_step(self, x: Tensor, name: str) -> Tensor:
         if x.dim() == 3:
@@ -88,25 +104,53 @@ class MemoryCRFAttention(nn.Module):
         return x
 
     def queries(self, query: Tensor) -> Tensor:
-        """q_1..q_K, [B, K, D]."""
+        """q_1..q_K, [B, K, D] (``"linear"`` mode: they do not depend on the facts)."""
+        if self.query_update is None:
+            raise ValueError("`queries` needs the facts in 'memory' mode: use `crf(..., values)`")
         out = [query]
         for _ in range(self.steps - 1):
             out.append(self.query_update(out[-1]))
         return torch.stack(out, dim=1)
 
+    def _scores_and_queries(
+        self, query: Tensor, keys: Tensor, values: Tensor | None, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(theta [B, K, n] raw, real facts only; queries [B, K, D])."""
+        if self.query_update is not None:
+            queries = self.queries(query)
+            return torch.einsum("bknd,bkd->bkn", keys, queries), queries
+        if values is None:
+            raise ValueError("`values` are needed to form the queries in 'memory' mode")
+        values = self._per_step(values, "values")
+        if values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"`values` {tuple(values.shape)} must match `keys`' [B, K, n]")
+        scores: list[Tensor] = []
+        queries: list[Tensor] = []
+        q = query
+        for k in range(self.steps):  # sequential: q_{k+1} depends on step k's scores
+            queries.append(q)
+            theta = torch.einsum("bnd,bd->bn", keys[:, k], q).masked_fill(~mask, 0.0)
+            scores.append(theta)
+            q = torch.einsum("bn,bnd->bd", theta, values[:, k])
+        return torch.stack(scores, 1), torch.stack(queries, 1)
+
     def crf(
-        self, query: Tensor, keys: Tensor, mask: Tensor | None = None, pairwise: bool = True
+        self,
+        query: Tensor,
+        keys: Tensor,
+        mask: Tensor | None = None,
+        pairwise: bool = True,
+        values: Tensor | None = None,
     ) -> tuple[LinearChainCRF, Tensor, Tensor | None, Tensor]:
         """The fact-sequence CRF and its (unary, pairwise, queries); ``pairwise=False`` leaves
         out the fact-to-fact potentials of the binary model for this call (``no_repeat`` is
-        kept)."""
+        kept); ``values`` only for ``"memory"`` queries."""
         if query.dim() != 2 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]
         batch, _, n, _ = keys.shape
         mask = check_mask("mask", mask, (batch, n), keys.device)
-        queries = self.queries(query)  # [B, K, D]
-        unary = torch.einsum("bknd,bkd->bkn", keys, queries)  # theta_k(i)
+        unary, queries = self._scores_and_queries(query, keys, values, mask)  # theta_k(i)
         unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))
         if self.normalize_potentials:
             unary = torch.log_softmax(unary, dim=-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
@@ -129,22 +173,29 @@ class MemoryCRFAttention(nn.Module):
         mask: Tensor | None = None,
         pairwise: bool = True,
     ) -> MemoryCRFOutput:
-        crf, unary, edges, queries = self.crf(query, keys, mask, pairwise)
+        crf, unary, edges, queries = self.crf(query, keys, mask, pairwise, values)
         values = self._per_step(values, "values")  # [B, K, n, D]
         marginals = crf.marginals  # [B, K, n]
         context = torch.einsum("bkn,bknd->bd", marginals, values)
         return MemoryCRFOutput(context, marginals, crf.edge_marginals, unary, edges, queries, crf)
 
     @torch.no_grad()
-    def decode(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:
+    def decode(
+        self, query: Tensor, keys: Tensor, mask: Tensor | None = None, values: Tensor | None = None
+    ) -> Tensor:
         """MAP fact sequence, LongTensor [B, K] (0-based fact indices; -1 if none is valid)."""
-        return self.crf(query, keys, mask)[0].argmax
+        return self.crf(query, keys, mask, values=values)[0].argmax
 
     @torch.no_grad()
     def topk(
-        self, query: Tensor, keys: Tensor, k: int, mask: Tensor | None = None
+        self,
+        query: Tensor,
+        keys: Tensor,
+        k: int,
+        mask: Tensor | None = None,
+        values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The k most probable fact sequences: (probabilities [k, B], sequences [k, B, K])."""
-        crf = self.crf(query, keys, mask)[0]
+        crf = self.crf(query, keys, mask, values=values)[0]
         scores, sequences = crf.topk(k)
         return (scores - crf.log_partition).exp(), sequences

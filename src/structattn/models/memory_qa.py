@@ -81,7 +81,9 @@ class MemoryQA(nn.Module):
     empty memories inserted in training, MemN2N: 0.1; see :meth:`_recency`) and
     ``pe_width`` (J of the position encoding for memory sentences and questions: None = each
     sentence's own length, as the paper's formula reads; a pair of fixed widths = the padded
-    widths both public codes use).
+    widths both public codes use). ``crf_query`` (CRF models): ``"linear"`` q_{k+1} = Q q_k
+    (the paper's text) or ``"memory"`` q_{k+1} = sum_i theta_k(i) o_i^k (the SAN authors'
+    released unary model: the next query depends on the facts).
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -99,6 +101,7 @@ class MemoryQA(nn.Module):
         random_noise: float = 0.0,
         pe_width: tuple[int, int] | None = None,
         crf_linear_start: str = "log-softmax",
+        crf_query: str = "linear",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -130,7 +133,12 @@ class MemoryQA(nn.Module):
         self.crf = (
             None
             if model == "memn2n"
-            else MemoryCRFAttention(embed_dim, hops, binary=model == "binary-crf")
+            else MemoryCRFAttention(
+                embed_dim,
+                hops,
+                binary=model == "binary-crf",
+                query_mode=crf_query,  # type: ignore[arg-type]
+            )
         )
         for k in range(hops + 1):
             weight = self._embedding(k).weight

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.memory_crf import QUERY_MODES
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
@@ -89,6 +90,8 @@ class BabiConfig:
     # linear start does to the CRFs: nothing (the paper's text; the log-softmax alone does
     # not change the CRF), no fact-to-fact potentials, or the context from the raw scores
     query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
+    crf_query: Literal["linear", "memory"] = "linear"  # CRF models' q_{k+1}: Q q_k (the
+    # paper's text) or sum_i theta_k(i) o_i^k (the authors' released unary model's code)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
@@ -130,6 +133,10 @@ class BabiConfig:
             )
         if self.query_init not in ("default", "identity"):
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
+        if self.crf_query not in QUERY_MODES:
+            raise ValueError(f"`crf_query` must be one of {QUERY_MODES}, got {self.crf_query!r}")
+        if self.crf_query == "memory" and self.query_init == "identity":
+            raise ValueError("`query_init identity` sets Q, which `crf_query memory` does not have")
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
         if not 0 <= self.valid_fraction < 1:
@@ -208,8 +215,10 @@ def build_model(
         random_noise=config.random_noise,
         pe_width=pe_width if config.position_encoding == "padded" else None,
         crf_linear_start=config.crf_linear_start,
+        crf_query=config.crf_query,
     )
     if config.query_init == "identity" and model.crf is not None:
+        assert model.crf.query_update is not None
         with torch.no_grad():
             model.crf.query_update.weight.copy_(torch.eye(config.embed_dim))
     return model
