@@ -125,14 +125,14 @@ class MemoryCRFAttention(nn.Module):
         if values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"`values` {tuple(values.shape)} must match `keys`' [B, K, n]")
         scores: list[Tensor] = []
-        queries: list[Tensor] = []
+        steps: list[Tensor] = []
         q = query
         for k in range(self.steps):  # sequential: q_{k+1} depends on step k's scores
-            queries.append(q)
+            steps.append(q)
             theta = torch.einsum("bnd,bd->bn", keys[:, k], q).masked_fill(~mask, 0.0)
             scores.append(theta)
             q = torch.einsum("bn,bnd->bd", theta, values[:, k])
-        return torch.stack(scores, 1), torch.stack(queries, 1)
+        return torch.stack(scores, 1), torch.stack(steps, 1)
 
     def crf(
         self,
