@@ -151,6 +151,9 @@ def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
     scores, _ = parser.evaluate(model, words, dev, loaded)
     assert scores["upos_accuracy"] > 95, scores  # 5 tags, one per word class
     assert scores["uas"] > 80, scores
+    # evaluate scores the tagger from its one pass; tag_accuracy is the separate pass
+    assert scores["upos_accuracy"] == pytest.approx(100 * parser.tag_accuracy(model, words, dev))
+    assert _ == parser.predict_heads(model, words, [s.words for s in dev])
     # the tagger's logits of a sentence do not depend on the batch's padding
     batch = dev[:3]
     ids, lengths = parser._encode([s.words for s in batch], words, torch.device("cpu"))

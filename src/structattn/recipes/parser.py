@@ -411,10 +411,25 @@ def predict_heads(
 ) -> list[list[int]]:
     """MAP heads (0 = ROOT, 1-based) of each tokenised sentence (words in ``words``; UPOS
     ``tags`` of each word for a parser trained with them)."""
+    return _predict(model, words, sentences, device, decoder, batch_size, tags)[0]
+
+
+def _predict(
+    model: ArcParser,
+    words: WordVocabulary,
+    sentences: Sequence[Sequence[str]],
+    device: torch.device | str,
+    decoder: str,
+    batch_size: int,
+    tags: Sequence[Sequence[str]] | None,
+) -> tuple[list[list[int]], list[list[int]] | None]:
+    """(MAP heads, the auxiliary tagger's UPOS target ids per word or None) in one pass of
+    the scorer per batch."""
     device = torch.device(device)
     model.eval()
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     out: list[list[int]] = [[] for _ in sentences]
+    tagged: list[list[int]] | None = None if model.tagger is None else [[] for _ in sentences]
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = [sentences[i] for i in chunk]
@@ -422,10 +437,14 @@ def predict_heads(
         inputs = model.features.encode(
             batch, None if tags is None else [tags[i] for i in chunk], device
         )
-        heads = _decode(model(ids, lengths, **inputs), lengths, decoder).tolist()
-        for i, row in zip(chunk, heads, strict=True):
-            out[i] = row[1 : 1 + len(sentences[i])]
-    return out
+        theta, logits = model.scores_and_tags(ids, lengths, **inputs)
+        heads = _decode(theta, lengths, decoder).tolist()
+        guesses = None if logits is None else logits.argmax(-1).tolist()
+        for row, i in enumerate(chunk):
+            out[i] = heads[row][1 : 1 + len(sentences[i])]
+            if tagged is not None and guesses is not None:
+                tagged[i] = guesses[row][: len(sentences[i])]
+    return out, tagged
 
 
 def parse_sentences(
@@ -465,9 +484,9 @@ def evaluate(
     device: torch.device | str = "cpu",
 ) -> tuple[dict[str, Any], list[list[int]]]:
     """UAS (%) with and without punctuation, and the predicted heads."""
-    heads = predict_heads(
-        model, words, [s.words for s in sentences], device, config.decoder,
-        tags=[s.upos for s in sentences] if config.upos else None,
+    heads, tagged = _predict(
+        model, words, [s.words for s in sentences], device, config.decoder, 128,
+        [s.upos for s in sentences] if config.upos else None,
     )  # fmt: skip
     scores = attachment_scores(sentences, heads)
     out: dict[str, Any] = {
@@ -476,8 +495,12 @@ def evaluate(
         "words": scores.words,
         "sentences": len(sentences),
     }
-    if model.tagger is not None:
-        out["upos_accuracy"] = 100 * tag_accuracy(model, words, sentences, device)
+    if tagged is not None:  # the auxiliary tagger's accuracy, from the same pass
+        targets = model.features.encode_targets([s.upos for s in sentences], torch.device("cpu"))
+        gold = [row[: len(s.words)] for row, s in zip(targets.tolist(), sentences, strict=True)]
+        pairs = zip(gold, tagged, strict=True)
+        right = sum(g == p for gs, ps in pairs for g, p in zip(gs, ps, strict=True))
+        out["upos_accuracy"] = 100 * right / max(sum(map(len, gold)), 1)
     return out, heads
 
 
