@@ -41,8 +41,9 @@ class MemoryCRFAttention(nn.Module):
               \theta_{k,k+1}(i, j) = (x_i^k)^\top x_j^{k+1}\ \ (\text{binary model})
 
     and ``no_repeat`` sets theta_{k,k+1}(i, i) = -inf. The paper writes the binary edge
-    potential as theta_k(i) + (x_i^k)^T x_j^{k+1} + theta_{k+1}(j): the same distribution,
-    with the node terms kept as unary potentials here. The context is a single vector
+    potential as theta_k(i) + (x_i^k)^T x_j^{k+1} + theta_{k+1}(j): for K = 2 the same
+    distribution, with the node terms kept as unary potentials here (for K > 2 a sum of the
+    paper's edge potentials counts the inner steps' theta_k twice). The context is a single vector
     ``c = sum_k sum_i p(z_k = i | x, q) o_i^k`` (forward-backward marginals).
 
     Args:
