@@ -215,6 +215,48 @@ def test_memory_crf_memory_queries_against_brute_force(binary: bool) -> None:
         MemoryCRFAttention(D, steps=2, query_mode="greedy")  # type: ignore[arg-type]
 
 
+def test_memory_crf_per_edge_unary_is_the_papers_sum_of_edge_potentials() -> None:
+    """edge_unary="per-edge": p(z) ∝ exp(sum_k theta_k(z_k) + x_{z_k}^k . x_{z_k+1}^{k+1} +
+    theta_{k+1}(z_{k+1})), the paper's binary potential summed over the K - 1 edges."""
+    k, n = 3, 4
+    layer = MemoryCRFAttention(D, steps=k, edge_unary="per-edge").double()
+    query = torch.randn(1, D, dtype=torch.float64)
+    keys = torch.randn(1, k, n, D, dtype=torch.float64)
+    out = layer(query, keys, keys)
+    q = [query[0]]
+    for _ in range(k - 1):
+        q.append(q[-1] @ layer.query_update.weight.T)
+    theta = torch.stack([keys[0, s] @ q[s] for s in range(k)])  # [K, n]
+    scores, seqs = [], []
+    for z in itertools.product(range(n), repeat=k):
+        if any(z[s] == z[s + 1] for s in range(k - 1)):
+            continue
+        seqs.append(z)
+        scores.append(
+            sum(
+                theta[s, z[s]]
+                + keys[0, s, z[s]] @ keys[0, s + 1, z[s + 1]]
+                + theta[s + 1, z[s + 1]]
+                for s in range(k - 1)
+            )
+        )
+    probs = (torch.stack(scores) - torch.stack(scores).logsumexp(0)).exp()
+    marg = torch.zeros(k, n, dtype=torch.float64)
+    for z, p in zip(seqs, probs, strict=True):
+        for s in range(k):
+            marg[s, z[s]] += p
+    torch.testing.assert_close(out.marginals[0], marg)
+    two = MemoryCRFAttention(D, steps=2, edge_unary="per-edge").double()
+    once = MemoryCRFAttention(D, steps=2).double()
+    once.load_state_dict(two.state_dict())
+    torch.testing.assert_close(  # K = 2: nothing is counted twice
+        two(query, keys[:, :2], keys[:, :2]).marginals,
+        once(query, keys[:, :2], keys[:, :2]).marginals,
+    )
+    with pytest.raises(ValueError, match="edge_unary"):
+        MemoryCRFAttention(D, steps=3, edge_unary="twice")  # type: ignore[arg-type]
+
+
 def test_memory_crf_one_step_is_softmax_over_facts() -> None:
     layer = MemoryCRFAttention(D, steps=1)
     query, keys, values = torch.randn(3, D), torch.randn(3, 7, D), torch.randn(3, 7, D)

@@ -201,6 +201,10 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
         assert built.crf.query_update is None
     with pytest.raises(ValueError, match="crf_query"):
         babi.BabiConfig(crf_query="greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="crf_edge_unary"):
+        babi.BabiConfig(crf_edge_unary="twice")  # type: ignore[arg-type]
+    built = babi.build_model(babi.BabiConfig(crf_edge_unary="per-edge"), vocab)
+    assert built.crf is not None and built.crf.edge_unary == "per-edge"
     with pytest.raises(ValueError, match="query_init"):
         babi.BabiConfig(crf_query="memory", query_init="identity")
     out = tmp_path / "run"

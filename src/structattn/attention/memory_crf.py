@@ -54,6 +54,9 @@ class MemoryCRFAttention(nn.Module):
         normalize_potentials: log-softmax the unary potentials over facts at each step.
         query_mode: ``"linear"`` (Q, a learned D x D map) or ``"memory"`` (no parameters;
             the raw scores theta_k, before any log-softmax, weight the values).
+        edge_unary: ``"once"`` (each theta_k once) or ``"per-edge"`` (binary model: the
+            paper's edge potentials summed, so the inner steps' theta_k count twice; the
+            same as ``"once"`` for K <= 2).
 
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
@@ -77,6 +80,7 @@ class MemoryCRFAttention(nn.Module):
         no_repeat: bool | None = None,
         normalize_potentials: bool = False,
         query_mode: Literal["linear", "memory"] = "linear",
+        edge_unary: Literal["once", "per-edge"] = "once",
     ) -> None:
         super().__init__()
         if steps < 1:
@@ -84,6 +88,9 @@ class MemoryCRFAttention(nn.Module):
         if query_mode not in QUERY_MODES:
             raise ValueError(f"`query_mode` must be one of {QUERY_MODES}, got {query_mode!r}")
         self.query_mode = query_mode
+        if edge_unary not in ("once", "per-edge"):
+            raise ValueError(f"`edge_unary` must be once or per-edge, got {edge_unary!r}")
+        self.edge_unary = edge_unary
         self.embed_dim = embed_dim
         self.steps = steps
         self.binary = binary
@@ -155,6 +162,10 @@ class MemoryCRFAttention(nn.Module):
         unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))
         if self.normalize_potentials:
             unary = torch.log_softmax(unary, dim=-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
+        if self.binary and pairwise and self.edge_unary == "per-edge" and self.steps > 2:
+            inner = torch.ones(self.steps, 1, dtype=unary.dtype, device=unary.device)
+            inner[1:-1] = 2.0  # steps 2..K-1 sit on two edges
+            unary = unary * inner
         edges = None
         chain_pairwise = unary.new_zeros(batch, self.steps - 1, n, n)
         if self.binary and pairwise:

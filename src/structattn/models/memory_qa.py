@@ -83,7 +83,9 @@ class MemoryQA(nn.Module):
     sentence's own length, as the paper's formula reads; a pair of fixed widths = the padded
     widths both public codes use). ``crf_query`` (CRF models): ``"linear"`` q_{k+1} = Q q_k
     (the paper's text) or ``"memory"`` q_{k+1} = sum_i theta_k(i) o_i^k (the SAN authors'
-    released unary model: the next query depends on the facts).
+    released unary model: the next query depends on the facts); ``crf_edge_unary``
+    (binary CRF, K > 2): ``"once"`` or ``"per-edge"`` (the paper's edge potentials summed:
+    the inner steps' theta_k count twice).
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -102,6 +104,7 @@ class MemoryQA(nn.Module):
         pe_width: tuple[int, int] | None = None,
         crf_linear_start: str = "log-softmax",
         crf_query: str = "linear",
+        crf_edge_unary: str = "once",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -138,6 +141,7 @@ class MemoryQA(nn.Module):
                 hops,
                 binary=model == "binary-crf",
                 query_mode=crf_query,  # type: ignore[arg-type]
+                edge_unary=crf_edge_unary,  # type: ignore[arg-type]
             )
         )
         for k in range(hops + 1):

@@ -92,6 +92,8 @@ class BabiConfig:
     query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
     crf_query: Literal["linear", "memory"] = "linear"  # CRF models' q_{k+1}: Q q_k (the
     # paper's text) or sum_i theta_k(i) o_i^k (the authors' released unary model's code)
+    crf_edge_unary: Literal["once", "per-edge"] = "once"  # binary CRF, K > 2: each theta_k
+    # once, or as the sum of the paper's edge potentials (inner steps' theta_k twice)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
@@ -135,6 +137,10 @@ class BabiConfig:
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.crf_query not in QUERY_MODES:
             raise ValueError(f"`crf_query` must be one of {QUERY_MODES}, got {self.crf_query!r}")
+        if self.crf_edge_unary not in ("once", "per-edge"):
+            raise ValueError(
+                f"`crf_edge_unary` must be once or per-edge, got {self.crf_edge_unary!r}"
+            )
         if self.crf_query == "memory" and self.query_init == "identity":
             raise ValueError("`query_init identity` sets Q, which `crf_query memory` does not have")
         if self.hops < 0 or self.linear_start < 0:
@@ -216,6 +222,7 @@ def build_model(
         pe_width=pe_width if config.position_encoding == "padded" else None,
         crf_linear_start=config.crf_linear_start,
         crf_query=config.crf_query,
+        crf_edge_unary=config.crf_edge_unary,
     )
     if config.query_init == "identity" and model.crf is not None:
         assert model.crf.query_update is not None
