@@ -201,6 +201,9 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
         assert built.crf.query_update is None
     with pytest.raises(ValueError, match="crf_query"):
         babi.BabiConfig(crf_query="greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tying"):
+        babi.BabiConfig(tying="none")  # type: ignore[arg-type]
+    assert babi.build_model(babi.BabiConfig(tying="separate"), vocab).answer is not None
     with pytest.raises(ValueError, match="crf_edge_unary"):
         babi.BabiConfig(crf_edge_unary="twice")  # type: ignore[arg-type]
     built = babi.build_model(babi.BabiConfig(crf_edge_unary="per-edge"), vocab)
@@ -210,11 +213,75 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
     out = tmp_path / "run"
     common = ["--data-dir", str(data_dir), "--progress", "false", "--batch-size", "8"]
     args = ["train", "babi", "--task", "2", "--model", "binary-crf", "--crf-query", "memory"]
+    args += ["--tying", "separate"]
     assert _cli(*args, "--runs", "1", "--epochs", "2", "--out", str(out), *common) == 0
     trained = json.loads(capsys.readouterr().out)
     assert json.loads((out / "run_00" / "config.json").read_text())["crf_query"] == "memory"
     assert _cli("eval", "babi", "--checkpoint", str(out)) == 0  # rebuilds the memory-mode model
     assert f"Ans {trained['ans']:.1f}%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["memn2n", "binary-crf"])
+def test_fact_supervision_loss_is_the_gold_chains_nll(model: str, data_dir: Path) -> None:
+    config = babi.BabiConfig(task=2, model=model, data_dir=str(data_dir), embed_dim=6)
+    splits, vocab = babi.load_data(config)
+    examples = splits["train"][:4]
+    batch = vocab.encode_batch(examples)
+    assert batch.support is not None and batch.support.shape == (4, 2)
+    assert batch.support.tolist() == [list(ex.support) for ex in examples]
+    net = babi.build_model(config, vocab).double()
+    out = babi._forward(net, batch)
+    if out.distribution is None:
+        want = -sum(
+            out.attention[b, k, f].log() for b, ex in enumerate(examples)
+            for k, f in enumerate(ex.support)
+        )  # fmt: skip
+    else:
+        want = -out.distribution.log_prob(batch.support).sum()
+    torch.testing.assert_close(babi.fact_nll(out, batch.support), want)
+    # rows that cannot be scored add nothing: a fact outside the memory (-2), a chain of
+    # another length, and (CRF) a chain the no-repeat constraint forbids
+    support = batch.support.clone()
+    support[0, 1] = -2
+    wider = torch.cat([support, torch.full((4, 1), -1)], 1)
+    wider[1, 2] = 0  # three facts for K = 2
+    wider[2, 1] = wider[2, 0]  # the same fact twice in a row
+    kept = [3] if out.distribution is not None else [2, 3]
+    loss = babi.fact_nll(out, wider)
+    assert torch.isfinite(loss)
+    if out.distribution is None:
+        part = -sum(out.attention[b, k, wider[b, k]].log() for b in kept for k in range(2))
+    else:
+        part = -out.distribution.log_prob(batch.support)[kept].sum()
+    torch.testing.assert_close(loss, part)
+    grads = torch.autograd.grad(loss, [p for p in net.parameters() if p.requires_grad])
+    assert all(torch.isfinite(g).all() for g in grads)
+    with pytest.raises(ValueError, match="fact_supervision"):
+        babi.BabiConfig(fact_supervision=-1.0)
+
+
+def test_fact_supervision_teaches_the_chain(data_dir: Path, tmp_path: Path, capsys) -> None:
+    """With the gold chains reversed (move, then pick-up), answer-only training learns its
+    own order and misses them; supervision on them teaches the reversed order."""
+    reversed_dir = tmp_path / "reversed"
+    reversed_dir.mkdir()
+    for path in data_dir.glob("*.txt"):
+        lines = []
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3:
+                parts[2] = " ".join(reversed(parts[2].split()))
+            lines.append("\t".join(parts))
+        (reversed_dir / path.name).write_text("\n".join(lines) + "\n")
+    facts = {}
+    for weight in ("0", "2"):
+        out = tmp_path / f"w{weight}"
+        args = ["train", "babi", "--task", "2", "--model", "binary-crf", "--runs", "1"]
+        common = ["--data-dir", str(reversed_dir), "--progress", "false", "--batch-size", "8"]
+        extra = ["--epochs", "15", "--fact-supervision", weight, "--init-std", "0.316"]
+        assert _cli(*args, *extra, "--out", str(out), *common) == 0
+        facts[weight] = json.loads(capsys.readouterr().out)["fact"]
+    assert facts["2"] > 90 > facts["0"], facts
 
 
 def test_fit_calls_epoch_hook_and_sum_loss_scales_lr(tmp_path: Path) -> None:

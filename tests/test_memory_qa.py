@@ -68,6 +68,48 @@ def test_memn2n_one_hop_by_hand() -> None:
     torch.testing.assert_close(lin.attention[0, 0], p)  # ... and reports their softmax
 
 
+@pytest.mark.parametrize("model", ["memn2n", "unary-crf", "binary-crf"])
+def test_separate_tying_by_hand(model: str) -> None:
+    """tying="separate": keys from E_1..E_K, values from V_1..V_K (own temporal vectors), an
+    untied answer matrix W; no unused table; every parameter gets a gradient."""
+    net = MemoryQA(20, embed_dim=4, hops=2, memory_size=5, model=model, tying="separate")
+    net = net.double()
+    assert len(net.embeddings) == 2 and net.value_embeddings is not None
+    assert net.answer is not None and net.value_temporal is not None
+    memory, sentence_lengths, memory_lengths, question, question_lengths = _batch(1, 3, 4, 3, 20)
+    out = net(memory, sentence_lengths, memory_lengths, question, question_lengths)
+    pe_q = position_encoding(question_lengths, 3, 4).double()[0]
+    q = (net.embeddings[0].weight[question[0]] * pe_q).sum(0)
+    keys, values = [[], []], [[], []]
+    for k in range(2):
+        for i in range(3):
+            pe = position_encoding(sentence_lengths[0, i : i + 1], 4, 4).double()[0]
+            recency = 3 - 1 - i
+            e, v = net.embeddings[k].weight, net.value_embeddings[k].weight
+            keys[k].append((e[memory[0, i]] * pe).sum(0) + net.temporal[k, recency])
+            values[k].append((v[memory[0, i]] * pe).sum(0) + net.value_temporal[k, recency])
+    w = net.answer.weight
+    if model == "memn2n":
+        for k in range(2):
+            p = torch.softmax(torch.stack(keys[k]) @ q, 0)
+            q = q + p @ torch.stack(values[k])
+        torch.testing.assert_close(out.logits[0], q @ w.T)
+    else:
+        assert net.crf is not None
+        context = sum(out.attention[0, k] @ torch.stack(values[k]) for k in range(2))
+        last = net.crf.queries(q.unsqueeze(0))[0, -1]  # q_K = Q q
+        torch.testing.assert_close(out.logits[0], (last + context) @ w.T)
+        if model == "unary-crf":  # independent steps: each marginal is a softmax
+            torch.testing.assert_close(
+                out.attention[0, 0], torch.softmax(torch.stack(keys[0]) @ q, 0)
+            )
+    out.logits.logsumexp(-1).sum().backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    with pytest.raises(ValueError, match="tying"):
+        MemoryQA(20, tying="none")
+
+
 def test_crf_with_one_hop_is_memn2n_attention() -> None:
     """K = 1: the CRF's marginals are the softmax over facts, and q_K + c = q + c."""
     torch.manual_seed(0)

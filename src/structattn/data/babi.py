@@ -394,6 +394,8 @@ class BabiBatch:
     question: Tensor  # LongTensor[B, Q] word ids
     question_lengths: Tensor  # LongTensor[B]
     answer: Tensor  # LongTensor[B] answer ids (same vocabulary)
+    support: Tensor | None = None  # LongTensor[B, S] gold facts as memory indices, in order
+    # (-1 = padding, -2 = a fact outside the memory window)
 
 
 @dataclass(frozen=True)
@@ -431,7 +433,8 @@ class BabiVocabulary(TokenVocabulary):
         return self._index.get(answer, self.unk_id)
 
     def encode_batch(self, examples: Sequence[BabiExample]) -> BabiBatch:
-        """Pad a batch: memory ``[B, M, L]``, question ``[B, Q]``, answer ``[B]``."""
+        """Pad a batch: memory ``[B, M, L]``, question ``[B, Q]``, answer ``[B]``, supporting
+        facts ``[B, S]`` (memory indices, -1 = padding, -2 = outside the memory)."""
         import torch
 
         size = len(examples)
@@ -449,6 +452,11 @@ class BabiVocabulary(TokenVocabulary):
         question = torch.full((size, q), self.pad_id, dtype=torch.long)  # [B, Q]
         for b, row in enumerate(questions):
             question[b, : len(row)] = torch.tensor(row, dtype=torch.long)  # [Q_b]
+        facts = max((len(ex.support) for ex in examples), default=0)
+        support = torch.full((size, facts), -1, dtype=torch.long)  # [B, S]
+        for b, ex in enumerate(examples):
+            for k, fact in enumerate(ex.support):
+                support[b, k] = -2 if fact is None else fact
         return BabiBatch(
             memory=memory,
             memory_lengths=torch.tensor([len(rows) for rows in mem], dtype=torch.long),
@@ -456,6 +464,7 @@ class BabiVocabulary(TokenVocabulary):
             question=question,
             question_lengths=torch.tensor([len(row) for row in questions], dtype=torch.long),
             answer=torch.tensor([self.encode_answer(ex.answer) for ex in examples]).long(),
+            support=support,
         )
 
 

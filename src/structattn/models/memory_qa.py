@@ -13,11 +13,20 @@ from ..attention import MemoryCRFAttention
 from ..attention._common import masked_softmax
 from ..distributions import LinearChainCRF
 
-__all__ = ["CRF_LINEAR_STARTS", "MEMORY_MODELS", "MemoryQA", "MemoryQAOutput", "position_encoding"]
+__all__ = [
+    "CRF_LINEAR_STARTS",
+    "MEMORY_MODELS",
+    "TYINGS",
+    "MemoryQA",
+    "MemoryQAOutput",
+    "position_encoding",
+]
 
 MEMORY_MODELS = ("memn2n", "unary-crf", "binary-crf")
 #: what linear start does to the CRF models (MemoryQA's ``crf_linear_start``)
 CRF_LINEAR_STARTS = ("log-softmax", "unary", "scores")
+#: how the embedding tables are shared (MemoryQA's ``tying``)
+TYINGS = ("adjacent", "separate")
 
 
 def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
@@ -85,7 +94,10 @@ class MemoryQA(nn.Module):
     (the paper's text) or ``"memory"`` q_{k+1} = sum_i theta_k(i) o_i^k (the SAN authors'
     released unary model: the next query depends on the facts); ``crf_edge_unary``
     (binary CRF, K > 2): ``"once"`` or ``"per-edge"`` (the paper's edge potentials summed:
-    the inner steps' theta_k count twice).
+    the inner steps' theta_k count twice); ``tying``: ``"adjacent"`` (MemN2N's, above) or
+    ``"separate"`` (the SAN authors' released CRF code: the values o_i^k come from their own
+    tables V_k with their own temporal vectors and the answer matrix W is a separate
+    parameter; the keys and the question keep E_1..E_K).
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -105,6 +117,7 @@ class MemoryQA(nn.Module):
         crf_linear_start: str = "log-softmax",
         crf_query: str = "linear",
         crf_edge_unary: str = "once",
+        tying: str = "adjacent",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -114,6 +127,9 @@ class MemoryQA(nn.Module):
                 f"`crf_linear_start` must be one of {CRF_LINEAR_STARTS}, got {crf_linear_start!r}"
             )
         self.crf_linear_start = crf_linear_start
+        if tying not in TYINGS:
+            raise ValueError(f"`tying` must be one of {TYINGS}, got {tying!r}")
+        self.tying = tying
         if hops < 1:
             raise ValueError(f"`hops` must be >= 1, got {hops}")
         if init_std <= 0:
@@ -128,10 +144,21 @@ class MemoryQA(nn.Module):
         self.hops = hops
         self.embed_dim = embed_dim
         self.memory_size = memory_size
+        keys = hops + 1 if tying == "adjacent" else hops  # E_{K+1} is W or V_K when tied
         self.embeddings = nn.ModuleList(
-            nn.Embedding(vocab_size, embed_dim, padding_idx=0) for _ in range(hops + 1)
+            nn.Embedding(vocab_size, embed_dim, padding_idx=0) for _ in range(keys)
         )
-        self.temporal = nn.Parameter(torch.empty(hops + 1, memory_size, embed_dim))
+        self.temporal = nn.Parameter(torch.empty(keys, memory_size, embed_dim))
+        # tying "separate": value tables V_1..V_K (own temporal vectors) and answer matrix W
+        self.value_embeddings: nn.ModuleList | None = None
+        self.value_temporal: nn.Parameter | None = None
+        self.answer: nn.Linear | None = None
+        if tying == "separate":
+            self.value_embeddings = nn.ModuleList(
+                nn.Embedding(vocab_size, embed_dim, padding_idx=0) for _ in range(hops)
+            )
+            self.value_temporal = nn.Parameter(torch.empty(hops, memory_size, embed_dim))
+            self.answer = nn.Linear(embed_dim, vocab_size, bias=False)
         self.linear_start = False
         self.crf = (
             None
@@ -144,16 +171,24 @@ class MemoryQA(nn.Module):
                 edge_unary=crf_edge_unary,  # type: ignore[arg-type]
             )
         )
-        for k in range(hops + 1):
-            weight = self._embedding(k).weight
-            nn.init.normal_(weight, std=init_std)
+        tables = [self._embedding(k) for k in range(keys)]
+        if self.value_embeddings is not None:
+            tables += [self._table(self.value_embeddings, k) for k in range(hops)]
+        for table in tables:
+            nn.init.normal_(table.weight, std=init_std)
             with torch.no_grad():
-                weight[0].zero_()
-        nn.init.normal_(self.temporal, std=init_std)
+                table.weight[0].zero_()
+        for extra in (self.temporal, self.value_temporal, self.answer):
+            if extra is not None:
+                nn.init.normal_(extra if isinstance(extra, Tensor) else extra.weight, std=init_std)
 
     def _embedding(self, k: int) -> nn.Embedding:
         """E_{k+1} (0-based k): the embedding matrix of hop k's keys and hop k-1's values."""
-        embedding = self.embeddings[k]
+        return self._table(self.embeddings, k)
+
+    @staticmethod
+    def _table(tables: nn.ModuleList, k: int) -> nn.Embedding:
+        embedding = tables[k]
         assert isinstance(embedding, nn.Embedding)
         return embedding
 
@@ -176,10 +211,18 @@ class MemoryQA(nn.Module):
         if self.crf is not None:
             self.crf.normalize_potentials = value
 
-    def _embed(self, index: int, words: Tensor, lengths: Tensor, width: int | None) -> Tensor:
+    def _embed(
+        self,
+        index: int,
+        words: Tensor,
+        lengths: Tensor,
+        width: int | None,
+        tables: nn.ModuleList | None = None,
+    ) -> Tensor:
         """Position-encoded bag of words: [..., L] ids -> [..., d]; J = each sentence's
-        length, or the fixed ``width`` (MemN2N's code: the data set's padded width)."""
-        vectors = self._embedding(index)(words)  # [..., L, d]
+        length, or the fixed ``width`` (MemN2N's code: the data set's padded width); table
+        ``index`` of ``tables`` (default: the key tables E)."""
+        vectors = self._table(self.embeddings if tables is None else tables, index)(words)
         if width is not None:
             if words.shape[-1] > width:
                 raise ValueError(f"a sentence has {words.shape[-1]} words; `pe_width` is {width}")
@@ -224,12 +267,25 @@ class MemoryQA(nn.Module):
         embedded = torch.stack(
             [
                 self._embed(k, memory, sentence_lengths, width) + self.temporal[k][recency]
-                for k in range(self.hops + 1)
+                for k in range(len(self.embeddings))
             ]
-        )  # [K+1, B, M, d]: E_k of every sentence
+        )  # [K+1, B, M, d] (K with separate tying): E_k of every sentence
         embedded = embedded * mask.unsqueeze(-1)
+        if self.value_embeddings is not None:  # own value tables: o_i^k from V_k
+            assert self.value_temporal is not None and self.answer is not None
+            values_k = torch.stack(
+                [
+                    self._embed(k, memory, sentence_lengths, width, self.value_embeddings)
+                    + self.value_temporal[k][recency]
+                    for k in range(self.hops)
+                ]
+            )  # [K, B, M, d]
+            values_k = values_k * mask.unsqueeze(-1)
+            answer_matrix = self.answer.weight  # W, untied
+        else:
+            values_k = embedded[1:]  # o_i^k = E_{k+1} (adjacent tying)
+            answer_matrix = self._embedding(self.hops).weight  # W^T = E_{K+1}
         q = self._embed(0, question, question_lengths, qwidth)  # [B, d]
-        answer_matrix = self._embedding(self.hops).weight  # W^T = E_{K+1}
         if self.crf is None:
             weights = []
             for k in range(self.hops):
@@ -239,11 +295,11 @@ class MemoryQA(nn.Module):
                 # real slots is the softmax's, never a padded slot
                 p = scores.masked_fill(~mask, 0.0) if self.linear_start else shown
                 weights.append(shown)
-                q = q + torch.einsum("bm,bmd->bd", p, embedded[k + 1])
+                q = q + torch.einsum("bm,bmd->bd", p, values_k[k])
             attention = torch.stack(weights, dim=1)  # [B, K, M]
             return MemoryQAOutput(q @ answer_matrix.T, attention, None)
-        keys = embedded[:-1].transpose(0, 1)  # [B, K, M, d]
-        values = embedded[1:].transpose(0, 1)
+        keys = embedded[: self.hops].transpose(0, 1)  # [B, K, M, d]
+        values = values_k.transpose(0, 1)
         linear = self.crf_linear_start if self.linear_start else "off"
         out = self.crf(q, keys, values, mask, pairwise=linear != "unary")
         context = out.context

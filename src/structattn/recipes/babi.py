@@ -43,8 +43,8 @@ from ..data.babi import (
     load_task,
     write_predictions,
 )
-from ..models import MEMORY_MODELS, MemoryQA
-from ..models.memory_qa import CRF_LINEAR_STARTS
+from ..models import MEMORY_MODELS, MemoryQA, MemoryQAOutput
+from ..models.memory_qa import CRF_LINEAR_STARTS, TYINGS
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
@@ -94,6 +94,10 @@ class BabiConfig:
     # paper's text) or sum_i theta_k(i) o_i^k (the authors' released unary model's code)
     crf_edge_unary: Literal["once", "per-edge"] = "once"  # binary CRF, K > 2: each theta_k
     # once, or as the sum of the paper's edge potentials (inner steps' theta_k twice)
+    tying: Literal["adjacent", "separate"] = "adjacent"  # MemN2N's adjacent tying, or own
+    # value tables and answer matrix (the SAN authors' released CRF code)
+    fact_supervision: float = 0.0  # weight of -log p(gold fact sequence) added to the
+    # training loss (strong supervision, a diagnostic; 0 = the paper's answers-only training)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
@@ -141,6 +145,10 @@ class BabiConfig:
             raise ValueError(
                 f"`crf_edge_unary` must be once or per-edge, got {self.crf_edge_unary!r}"
             )
+        if not self.fact_supervision >= 0:
+            raise ValueError(f"`fact_supervision` must be >= 0, got {self.fact_supervision}")
+        if self.tying not in TYINGS:
+            raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
         if self.crf_query == "memory" and self.query_init == "identity":
             raise ValueError("`query_init identity` sets Q, which `crf_query memory` does not have")
         if self.hops < 0 or self.linear_start < 0:
@@ -188,6 +196,7 @@ class _Encoded:
             question=f.question[index, :qwidth].to(device),
             question_lengths=question_lengths.to(device),
             answer=f.answer[index].to(device),
+            support=None if f.support is None else f.support[index].to(device),
         )
 
 
@@ -223,6 +232,7 @@ def build_model(
         crf_linear_start=config.crf_linear_start,
         crf_query=config.crf_query,
         crf_edge_unary=config.crf_edge_unary,
+        tying=config.tying,
     )
     if config.query_init == "identity" and model.crf is not None:
         assert model.crf.query_update is not None
@@ -301,6 +311,25 @@ def evaluate(
     return {"ans": ans, "fact": fact, "loss": loss, "questions": len(examples)}
 
 
+def fact_nll(out: MemoryQAOutput, support: Tensor) -> Tensor:
+    """Summed -log p(gold fact sequence) of the questions whose gold sequence has exactly K
+    facts, all in memory (``--fact-supervision``): the CRF's log-probability of the chain, or
+    MemN2N's sum of per-hop log attention. A gold chain the CRF forbids (the same fact twice
+    in a row under no-repeat) is left out, so the loss stays finite."""
+    steps = out.attention.shape[1]
+    if support.shape[1] < steps:
+        return out.logits.new_zeros(())
+    gold = support[:, :steps]  # [B, K]
+    usable = (gold >= 0).all(1) & (support[:, steps:] == -1).all(1)  # [B]
+    if out.distribution is None:  # MemN2N: per-hop softmax
+        probs = out.attention.gather(-1, gold.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        return -(probs.clamp_min(1e-30).log().sum(1) * usable).sum()
+    distribution = out.distribution
+    log_prob = distribution.log_prob(torch.where(usable.unsqueeze(1), gold, distribution.argmax))
+    usable = usable & torch.isfinite(log_prob)
+    return -torch.where(usable, log_prob, torch.zeros_like(log_prob)).sum()
+
+
 # ---- one run ---------------------------------------------------------------------------------
 def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train one run (model seed ``config.train.seed``) into ``run_dir``; returns fit's
@@ -324,9 +353,12 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         return [order[s : s + config.batch_size] for s in range(0, len(order), config.batch_size)]
 
     def loss(m: nn.Module, batch: BabiBatch) -> tuple[Tensor, int, int]:
-        logits = _forward(m, batch).logits
+        out = _forward(m, batch)
         n = batch.answer.shape[0]
-        return F.cross_entropy(logits, batch.answer, reduction="sum"), n, n
+        total = F.cross_entropy(out.logits, batch.answer, reduction="sum")
+        if config.fact_supervision > 0 and batch.support is not None:
+            total = total + config.fact_supervision * fact_nll(out, batch.support)
+        return total, n, n
 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, MemoryQA)
