@@ -215,14 +215,25 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     config = replace_path(base, {"attention": "pretrained"})
     splits, words, table = nli.prepare(config)
     model = nli.build_model(config, table.weight)
-    nli.load_pretrained_parser(model, config)
+    # the quick parser also reads trained word vectors and characters: said, not hidden
+    with pytest.warns(UserWarning, match="--word-min-count, --char-dim"):
+        nli.load_pretrained_parser(model, config)
     assert model.syntactic is not None
     torch.testing.assert_close(model.project.weight, trained.project.weight)
     torch.testing.assert_close(model.syntactic.scorer.s.weight, trained.scorer.s.weight)
-    with pytest.raises(ValueError, match="differs in"):
+    with pytest.raises(ValueError, match="differs in"), pytest.warns(UserWarning):
         nli.load_pretrained_parser(model, replace_path(config, {"hidden_dim": 17}))
-    with pytest.raises(ValueError, match="parser_layers"):  # the scorer's depth must match
+    with pytest.raises(ValueError, match="parser_layers"), pytest.warns(UserWarning):
         nli.load_pretrained_parser(model, replace_path(config, {"parser_layers": 2}))
+    # --pretrained-parser: pretrained reads its own parser run; hard-parent keeps --parser
+    other = replace_path(config, {"parser": str(tmp_path / "none"), "pretrained_parser": str(run)})
+    nli._needs_parser(other)
+    with pytest.warns(UserWarning):
+        nli.load_pretrained_parser(nli.build_model(other, table.weight), other)
+    with pytest.raises(ValueError, match="pretrained-parser"):
+        nli._needs_parser(replace_path(config, {"parser": str(tmp_path / "none")}))
+    with pytest.raises(ValueError, match="no parser run"):
+        nli._needs_parser(replace_path(other, {"attention": "hard-parent"}))
     # hard-parent: heads of every sentence from the parser, a whole run through the runner
     cell = tmp_path / "hard"
     summary = runs.train_cell(nli.RECIPE, replace_path(base, {"attention": "hard-parent"}), cell)
