@@ -411,9 +411,8 @@ def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
     return [viz.attention_heatmap(encoded.attention[0, -1], words, words, path, title=title)]
 
 
-#: 3 epochs (the 3-epoch scaled run's best epochs were 2 and 3): per epoch of fine-grained
-#: training about 75 s (LSTM) / 175 s (LSTMN) on one core, twice that with 2 layers, so
-#: the table (2 tasks x 4 models x 3 seeds) is about 3.4 core-hours, 1.7 h on 2 cores
+#: 3 epochs: the whole table (2 tasks x 4 models x 3 seeds) measured 67 core-minutes,
+#: about 35 minutes on 2 cores (docs/results/lstmn.md)
 _CPU = replace_path(LSTMNSSTConfig(runs=3), {"train.epochs": 3})
 _QUICK = replace_path(
     LSTMNSSTConfig(runs=2, hidden_size=8, train_size=30, eval_size=20, batch_size=10),
