@@ -10,10 +10,12 @@ from torch import Tensor, nn
 from .._validation import check_mask
 from ..distributions import LinearChainCRF
 
-__all__ = ["QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
+__all__ = ["EDGE_UNARIES", "QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
 
 #: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
 QUERY_MODES = ("linear", "memory")
+#: how often the binary model counts theta_k (MemoryCRFAttention's ``edge_unary``)
+EDGE_UNARIES = ("once", "per-edge")
 
 
 class MemoryCRFOutput(NamedTuple):
@@ -88,8 +90,8 @@ class MemoryCRFAttention(nn.Module):
         if query_mode not in QUERY_MODES:
             raise ValueError(f"`query_mode` must be one of {QUERY_MODES}, got {query_mode!r}")
         self.query_mode = query_mode
-        if edge_unary not in ("once", "per-edge"):
-            raise ValueError(f"`edge_unary` must be once or per-edge, got {edge_unary!r}")
+        if edge_unary not in EDGE_UNARIES:
+            raise ValueError(f"`edge_unary` must be one of {EDGE_UNARIES}, got {edge_unary!r}")
         self.edge_unary = edge_unary
         self.embed_dim = embed_dim
         self.steps = steps

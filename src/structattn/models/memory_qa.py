@@ -230,6 +230,26 @@ class MemoryQA(nn.Module):
         weights = position_encoding(lengths, words.shape[-1], self.embed_dim).to(vectors.dtype)
         return (vectors * weights).sum(-2)
 
+    def _memory(
+        self,
+        tables: nn.ModuleList,
+        temporal: Tensor,
+        memory: Tensor,
+        sentence_lengths: Tensor,
+        recency: Tensor,
+        width: int | None,
+        mask: Tensor,
+    ) -> Tensor:
+        """[T, B, M, d]: every memory sentence embedded by each of the T ``tables`` plus its
+        ``temporal`` vector at ``recency`` [B, M]; zero at padded slots (``mask`` [B, M])."""
+        embedded = torch.stack(
+            [
+                self._embed(k, memory, sentence_lengths, width, tables) + temporal[k][recency]
+                for k in range(len(tables))
+            ]
+        )
+        return embedded * mask.unsqueeze(-1)
+
     def _recency(self, memory_lengths: Tensor, slots: int) -> Tensor:
         """[B, M] temporal slot of each sentence (0 = most recent). With ``random_noise`` r
         in training, MemN2N's random noise: each story gets u ~ U{0..ceil(r n)} empty
@@ -264,23 +284,21 @@ class MemoryQA(nn.Module):
         mask = torch.arange(slots, device=memory.device) < memory_lengths.unsqueeze(-1)  # [B, M]
         recency = self._recency(memory_lengths, slots)  # [B, M] temporal slots
         width, qwidth = self.pe_width or (None, None)
-        embedded = torch.stack(
-            [
-                self._embed(k, memory, sentence_lengths, width) + self.temporal[k][recency]
-                for k in range(len(self.embeddings))
-            ]
-        )  # [K+1, B, M, d] (K with separate tying): E_k of every sentence
-        embedded = embedded * mask.unsqueeze(-1)
+        # E_k of every sentence: [K+1, B, M, d] (K with separate tying)
+        embedded = self._memory(
+            self.embeddings, self.temporal, memory, sentence_lengths, recency, width, mask
+        )
         if self.value_embeddings is not None:  # own value tables: o_i^k from V_k
             assert self.value_temporal is not None and self.answer is not None
-            values_k = torch.stack(
-                [
-                    self._embed(k, memory, sentence_lengths, width, self.value_embeddings)
-                    + self.value_temporal[k][recency]
-                    for k in range(self.hops)
-                ]
-            )  # [K, B, M, d]
-            values_k = values_k * mask.unsqueeze(-1)
+            values_k = self._memory(
+                self.value_embeddings,
+                self.value_temporal,
+                memory,
+                sentence_lengths,
+                recency,
+                width,
+                mask,
+            )
             answer_matrix = self.answer.weight  # W, untied
         else:
             values_k = embedded[1:]  # o_i^k = E_{k+1} (adjacent tying)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.memory_crf import QUERY_MODES
+from ..attention.memory_crf import EDGE_UNARIES, QUERY_MODES
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
@@ -141,9 +141,9 @@ class BabiConfig:
             raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
         if self.crf_query not in QUERY_MODES:
             raise ValueError(f"`crf_query` must be one of {QUERY_MODES}, got {self.crf_query!r}")
-        if self.crf_edge_unary not in ("once", "per-edge"):
+        if self.crf_edge_unary not in EDGE_UNARIES:
             raise ValueError(
-                f"`crf_edge_unary` must be once or per-edge, got {self.crf_edge_unary!r}"
+                f"`crf_edge_unary` must be one of {EDGE_UNARIES}, got {self.crf_edge_unary!r}"
             )
         if not self.fact_supervision >= 0:
             raise ValueError(f"`fact_supervision` must be >= 0, got {self.fact_supervision}")
@@ -325,7 +325,7 @@ def fact_nll(out: MemoryQAOutput, support: Tensor) -> Tensor:
         probs = out.attention.gather(-1, gold.clamp_min(0).unsqueeze(-1)).squeeze(-1)
         return -(probs.clamp_min(1e-30).log().sum(1) * usable).sum()
     distribution = out.distribution
-    log_prob = distribution.log_prob(torch.where(usable.unsqueeze(1), gold, distribution.argmax))
+    log_prob = distribution.log_prob(gold.clamp_min(0))  # unusable rows: masked out below
     usable = usable & torch.isfinite(log_prob)
     return -torch.where(usable, log_prob, torch.zeros_like(log_prob)).sum()
 

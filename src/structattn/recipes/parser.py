@@ -496,11 +496,7 @@ def evaluate(
         "sentences": len(sentences),
     }
     if tagged is not None:  # the auxiliary tagger's accuracy, from the same pass
-        targets = model.features.encode_targets([s.upos for s in sentences], torch.device("cpu"))
-        gold = [row[: len(s.words)] for row, s in zip(targets.tolist(), sentences, strict=True)]
-        pairs = zip(gold, tagged, strict=True)
-        right = sum(g == p for gs, ps in pairs for g, p in zip(gs, ps, strict=True))
-        out["upos_accuracy"] = 100 * right / max(sum(map(len, gold)), 1)
+        out["upos_accuracy"] = 100 * _upos_accuracy(model, sentences, tagged)
     return out, heads
 
 
@@ -514,23 +510,24 @@ def tag_accuracy(
 ) -> float:
     """Share of words whose gold UPOS the auxiliary tagger predicts (a parser trained with
     ``upos_aux`` > 0)."""
-    targets = model.features.targets
-    if model.tagger is None or targets is None:
+    if model.tagger is None or model.features.targets is None:
         raise ValueError("this parser has no auxiliary tagger (upos_aux = 0)")
-    device = torch.device(device)
-    model.eval()
-    right = total = 0
-    for start in range(0, len(sentences), batch_size):
-        batch = sentences[start : start + batch_size]
-        ids, lengths = _encode([s.words for s in batch], words, device)
-        inputs = model.features.encode([s.words for s in batch], [s.upos for s in batch], device)
-        _, logits = model.scores_and_tags(ids, lengths, **inputs)
-        assert logits is not None
-        gold = model.features.encode_targets([s.upos for s in batch], device)  # [B, N]
-        real = gold > 0
-        right += int(((logits.argmax(-1) == gold) & real).sum())
-        total += int(real.sum())
-    return right / max(total, 1)
+    words_only = [s.words for s in sentences]
+    upos = [s.upos for s in sentences]  # read only by a parser trained with --upos
+    tagged = _predict(model, words, words_only, device, "eisner", batch_size, upos)[1]
+    assert tagged is not None
+    return _upos_accuracy(model, sentences, tagged)
+
+
+def _upos_accuracy(
+    model: ArcParser, sentences: Sequence[ConlluSentence], tagged: Sequence[Sequence[int]]
+) -> float:
+    """Share of words whose gold UPOS target id equals the ``tagged`` id."""
+    targets = model.features.encode_targets([s.upos for s in sentences], torch.device("cpu"))
+    gold = [row[: len(s.words)] for row, s in zip(targets.tolist(), sentences, strict=True)]
+    pairs = zip(gold, tagged, strict=True)
+    right = sum(g == p for gs, ps in pairs for g, p in zip(gs, ps, strict=True))
+    return right / max(sum(map(len, gold)), 1)
 
 
 def train(config: ParserConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
