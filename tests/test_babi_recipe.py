@@ -260,6 +260,48 @@ def test_fact_supervision_loss_is_the_gold_chains_nll(model: str, data_dir: Path
         babi.BabiConfig(fact_supervision=-1.0)
 
 
+def test_fact_supervision_epochs_is_a_curriculum() -> None:
+    """With ``fact_supervision_epochs`` N the chains are supervised in epochs 1..N only."""
+    always = babi.BabiConfig(fact_supervision=0.5)
+    first3 = babi.BabiConfig(fact_supervision=0.5, fact_supervision_epochs=3)
+    assert [babi.fact_supervision_weight(always, e) for e in (1, 3, 4, 100)] == [0.5] * 4
+    assert [babi.fact_supervision_weight(first3, e) for e in (1, 3, 4, 100)] == [0.5, 0.5, 0, 0]
+    with pytest.raises(ValueError, match="fact_supervision_epochs"):
+        babi.BabiConfig(fact_supervision_epochs=-1)
+
+
+def test_fact_supervision_stops_after_its_epochs(
+    data_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """In training the chains' NLL enters the loss in the first N epochs, then never."""
+    calls: list[int] = []
+    original = babi.fact_nll
+    epoch = [0]
+    original_start = babi.set_linear_start
+
+    def counting(out, support):
+        calls.append(epoch[0])
+        return original(out, support)
+
+    def start(model, e, linear):
+        epoch[0] = e
+        original_start(model, e, linear)
+
+    monkeypatch.setattr(babi, "fact_nll", counting)
+    monkeypatch.setattr(babi, "set_linear_start", start)
+    train = babi.TrainConfig(epochs=3, lr=0.01, sum_loss=True, progress=False)
+    config = babi.BabiConfig(
+        data_dir=str(data_dir),
+        batch_size=8,
+        fact_supervision=1.0,
+        fact_supervision_epochs=2,
+        runs=1,
+        train=train,
+    )
+    babi.train_run(config, tmp_path / "run")
+    assert calls and set(calls) == {1, 2}, sorted(set(calls))
+
+
 def test_fact_supervision_teaches_the_chain(data_dir: Path, tmp_path: Path, capsys) -> None:
     """With the gold chains reversed (move, then pick-up), answer-only training learns its
     own order and misses them; supervision on them teaches the reversed order."""

@@ -55,6 +55,7 @@ __all__ = [
     "BabiConfig",
     "build_model",
     "evaluate",
+    "fact_supervision_weight",
     "format_runs",
     "format_table",
     "load_trained",
@@ -98,6 +99,8 @@ class BabiConfig:
     # value tables and answer matrix (the SAN authors' released CRF code)
     fact_supervision: float = 0.0  # weight of -log p(gold fact sequence) added to the
     # training loss (strong supervision, a diagnostic; 0 = the paper's answers-only training)
+    fact_supervision_epochs: int = 0  # supervise the facts in the first N epochs only, then
+    # answers alone (a curriculum; 0 = every epoch)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
@@ -147,6 +150,10 @@ class BabiConfig:
             )
         if not self.fact_supervision >= 0:
             raise ValueError(f"`fact_supervision` must be >= 0, got {self.fact_supervision}")
+        if self.fact_supervision_epochs < 0:
+            raise ValueError(
+                f"`fact_supervision_epochs` must be >= 0, got {self.fact_supervision_epochs}"
+            )
         if self.tying not in TYINGS:
             raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
         if self.crf_query == "memory" and self.query_init == "identity":
@@ -330,6 +337,14 @@ def fact_nll(out: MemoryQAOutput, support: Tensor) -> Tensor:
     return -torch.where(usable, log_prob, torch.zeros_like(log_prob)).sum()
 
 
+def fact_supervision_weight(config: BabiConfig, epoch: int) -> float:
+    """The weight of :func:`fact_nll` in the loss of 1-based ``epoch``: ``fact_supervision``,
+    in the first ``fact_supervision_epochs`` epochs only when that is set."""
+    if config.fact_supervision_epochs and epoch > config.fact_supervision_epochs:
+        return 0.0
+    return config.fact_supervision
+
+
 # ---- one run ---------------------------------------------------------------------------------
 def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train one run (model seed ``config.train.seed``) into ``run_dir``; returns fit's
@@ -352,12 +367,15 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         random.Random(seed * 100_003 + epoch).shuffle(order)
         return [order[s : s + config.batch_size] for s in range(0, len(order), config.batch_size)]
 
+    epoch_now = [1]  # set by on_epoch_start (also on resume)
+
     def loss(m: nn.Module, batch: BabiBatch) -> tuple[Tensor, int, int]:
         out = _forward(m, batch)
         n = batch.answer.shape[0]
         total = F.cross_entropy(out.logits, batch.answer, reduction="sum")
-        if config.fact_supervision > 0 and batch.support is not None:
-            total = total + config.fact_supervision * fact_nll(out, batch.support)
+        weight = fact_supervision_weight(config, epoch_now[0])
+        if weight > 0 and batch.support is not None:
+            total = total + weight * fact_nll(out, batch.support)
         return total, n, n
 
     def validate(m: nn.Module) -> dict[str, float]:
@@ -368,6 +386,7 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
 
     def on_epoch_start(m: nn.Module, epoch: int) -> None:
         assert isinstance(m, MemoryQA)
+        epoch_now[0] = epoch
         set_linear_start(m, epoch, config.linear_start)
 
     task = Task(
