@@ -71,6 +71,42 @@ def test_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+def _map(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, Tensor]:
+    """The best tree's score and its arcs times a per-item seed (the MAP backward)."""
+    x = scores.clone().requires_grad_(True)
+    best = dependency.eisner_max(x, lengths, multiroot)
+    seed = torch.linspace(0.5, 2.0, scores.shape[0], dtype=scores.dtype)
+    (arcs,) = torch.autograd.grad(best, x, seed)
+    return best.detach(), arcs
+
+
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_map_kernel_equals_the_pytorch_code(multiroot: bool, dtype: torch.dtype) -> None:
+    """The fused MAP kernel finds the same tree and score as the PyTorch max-inside pass and
+    backtrack (lengths, -inf arcs, an item with no tree; one chunk and two; more items than
+    one group of SIMD lanes)."""
+    assert hasattr(kernels(torch.zeros(1)), "eisner_map")
+    for batch, size in [(1, 2), (3, 6), (7, 12), (19, 9)]:
+        scores, lengths = _scores(batch, size, dtype, seed=batch + 100)
+        if batch > 2:
+            scores[2, :, 1] = float("-inf")  # word 1 has no head: no tree
+            lengths[2] = size
+        with kernels_disabled():
+            reference = _map(scores, lengths, multiroot)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            best, arcs = _map(scores, lengths, multiroot)
+            torch.testing.assert_close(best, reference[0], rtol=1e-6, atol=1e-6)
+            if batch > 2:
+                assert torch.isneginf(best[2])
+                keep = torch.arange(batch) != 2  # no tree: the arcs are not a tree either way
+                torch.testing.assert_close(arcs[keep], reference[1][keep], rtol=0, atol=0)
+            else:
+                torch.testing.assert_close(arcs, reference[1], rtol=0, atol=0)
+
+
 @pytest.mark.usefixtures("built_kernels")
 def test_kernels_no_tree_gives_minus_inf_and_finite_gradients() -> None:
     """An item without any tree has log Z = -inf, and its gradients stay finite (zero)."""

@@ -8,6 +8,7 @@
 // in fused loops on eight trees at once (the "fused path" below).
 // Built on first use by structattn.structs._extension (torch.utils.cpp_extension.load).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -727,6 +728,88 @@ void from_lanes(const Vec* charts, int64_t size, int64_t count, const double* se
       }
   }
 }
+
+// MAP (max-plus) inside pass of one group, the same recurrences as fused_inside with max
+// for log Σ exp: chart [4, N, N] and the best split j of every sum (inner, CR, CL) [3, N, N]
+// (the first of tied splits, as the PyTorch code's argmax).
+STRUCTATTN_CLONES void fused_max(Vec* ch, Vec* best, const Vec* a, const Vec& last,
+                                 int64_t size, bool multiroot) {
+  const int64_t nn = size * size;
+  Vec* cr = ch + kCR * nn;
+  Vec* cl = ch + kCL * nn;
+  Vec* ir = ch + kIR * nn;
+  Vec* il = ch + kIL * nn;
+  Vec* b_in = best;
+  Vec* b_cr = best + nn;
+  Vec* b_cl = best + 2 * nn;
+  for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
+  const Vec ninf = splat(kNegInf);
+  for (int64_t w = 1; w < size; ++w) {
+    for (int64_t s = 0; s + w < size; ++s) {
+      const int64_t t = s + w, st = s * size + t;
+      Vec m = ninf, arg = splat(0.0);
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = cr[s * size + s + j] + cl[(s + j + 1) * size + t];
+        const IVec up = v > m;
+        m = up ? v : m;
+        arg = up ? splat(static_cast<double>(j)) : arg;
+      }
+      b_in[st] = arg;
+      ir[st] = m + a[st];
+      il[st] = m + a[t * size + s];
+      m = ninf, arg = splat(0.0);
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t];
+        const IVec up = v > m;
+        m = up ? v : m;
+        arg = up ? splat(static_cast<double>(j)) : arg;
+      }
+      if (!multiroot && s == 0) {  // ROOT's right span closes only at the item's end
+        const IVec open = last != splat(static_cast<double>(t));
+        m = open ? ninf : m;
+      }
+      cr[st] = m;
+      b_cr[st] = arg;
+      m = ninf, arg = splat(0.0);
+      for (int64_t j = 0; j < w; ++j) {
+        const Vec v = cl[s * size + s + j] + il[(s + j) * size + t];
+        const IVec up = v > m;
+        m = up ? v : m;
+        arg = up ? splat(static_cast<double>(j)) : arg;
+      }
+      cl[st] = m;
+      b_cl[st] = arg;
+    }
+  }
+}
+
+// The best tree of lane l from the best splits: heads[m] = h for its arcs (positions
+// 1..last), by an explicit stack of spans (kind, s, t).
+void fused_backtrack(const Vec* best, int64_t size, int64_t l, int64_t last, int64_t* heads) {
+  const int64_t nn = size * size;
+  std::vector<std::array<int64_t, 3>> stack{{kCR, 0, last}};
+  while (!stack.empty()) {
+    const auto [kind, s, t] = stack.back();
+    stack.pop_back();
+    if (s == t) continue;
+    const int64_t st = s * size + t;
+    if (kind == kCR) {
+      const auto j = static_cast<int64_t>(best[nn + st][l]);
+      stack.push_back({kIR, s, s + 1 + j});
+      stack.push_back({kCR, s + 1 + j, t});
+    } else if (kind == kCL) {
+      const auto j = static_cast<int64_t>(best[2 * nn + st][l]);
+      stack.push_back({kCL, s, s + j});
+      stack.push_back({kIL, s + j, t});
+    } else {
+      if (kind == kIR) heads[t] = s;
+      else heads[s] = t;
+      const auto j = static_cast<int64_t>(best[st][l]);
+      stack.push_back({kCR, s, s + j});
+      stack.push_back({kCL, s + j + 1, t});
+    }
+  }
+}
 #endif  // STRUCTATTN_FUSED_EISNER
 }  // namespace
 
@@ -888,6 +971,41 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   });
 }
 
+#ifdef STRUCTATTN_FUSED_EISNER
+// The best projective tree: (score [B] in the input's dtype, heads [B, N] with -1 at ROOT
+// and padding); max-plus in double on kTrees items at once, the batch split over threads.
+std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& last,
+                                     bool multiroot) {
+  TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
+              "arc_scores must be [B, N, N]");
+  const int64_t batch = arc_scores.size(0), size = arc_scores.size(1), nn = size * size;
+  const Tensor arcs = arc_scores.to(at::kDouble).contiguous();
+  const Tensor ends = last.to(at::kLong).contiguous();
+  const double* ap = arcs.data_ptr<double>();
+  const int64_t* lp = ends.data_ptr<int64_t>();
+  Tensor score = at::empty({batch}, arcs.options());
+  Tensor heads = at::full({batch, size}, -1, ends.options());
+  double* zp = score.data_ptr<double>();
+  int64_t* hp = heads.data_ptr<int64_t>();
+  for_chunks(chunk_starts(batch), [&](int64_t, int64_t start, int64_t length) {
+    Buffer chart(4 * nn), best(3 * nn);
+    for (int64_t first = start; first < start + length; first += kTrees) {
+      const int64_t count = std::min(kTrees, start + length - first);
+      Vec ends_lanes = splat(static_cast<double>(size - 1));
+      for (int64_t l = 0; l < count; ++l) ends_lanes[l] = static_cast<double>(lp[first + l]);
+      const std::vector<Vec> a = to_lanes(ap + first * nn, count, nn);
+      fused_max(chart.get(), best.get(), a.data(), ends_lanes, size, multiroot);
+      for (int64_t l = 0; l < count; ++l) {
+        const int64_t end = lp[first + l];
+        zp[first + l] = chart[kCR * nn + end][l];  // CR(0, last)
+        fused_backtrack(best.get(), size, l, end, hp + (first + l) * size);
+      }
+    }
+  });
+  return {score.to(arc_scores.scalar_type()), heads};
+}
+#endif
+
 void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
   pybind11::class_<EisnerOutside, std::shared_ptr<EisnerOutside>>(m, "EisnerOutside");
@@ -906,6 +1024,11 @@ void bind_eisner(pybind11::module& m) {
   m.def("eisner_hvp", &eisner_hvp, "Hessian of log Z times direction [B, N, N]",
         pybind11::arg("state"), pybind11::arg("outside"), pybind11::arg("direction"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
+#ifdef STRUCTATTN_FUSED_EISNER
+  m.def("eisner_map", &eisner_map, "(best tree's score [B], its heads [B, N], -1 at ROOT)",
+        pybind11::arg("arc_scores"), pybind11::arg("last"), pybind11::arg("multiroot"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+#endif
 }
 
 }  // namespace structattn

@@ -411,21 +411,33 @@ def _eisner_backtrack(
 class _EisnerMax(torch.autograd.Function):
     """Score of the best projective tree, [B] (forward: max-inside pass on an in-place chart,
     keeping the best split points; backward: the backtrack by hand, the best tree's arcs times
-    the incoming gradient)."""
+    the incoming gradient). On CPU with the C++ kernels built, the forward runs the max-plus
+    pass and the backtrack in one fused kernel (``eisner_map``) and keeps the best heads."""
 
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
+        kernels = compiled_kernels(arc_scores)
+        ctx.size = arc_scores.shape[-1]
+        if kernels is not None and hasattr(kernels, "eisner_map"):  # fused C++ pass + backtrack
+            score, ctx.heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
+            return score
+        ctx.heads = None
         splits: list[tuple[Tensor, Tensor]] = []
         charts = _eisner_charts(arc_scores.detach(), last, multiroot, splits=splits)
         ctx.splits = splits
         ctx.save_for_backward(last)
-        ctx.size = arc_scores.shape[-1]
         return charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        if ctx.heads is not None:  # the best tree's arcs heads[m] -> m, times grad
+            heads = ctx.heads
+            tree = grad.new_zeros(heads.shape[0], ctx.size, ctx.size)
+            arcs = (heads >= 0).to(grad.dtype) * grad.unsqueeze(-1)  # [B, N]
+            tree.scatter_(1, heads.clamp_min(0).unsqueeze(1), arcs.unsqueeze(1))
+            return tree, None, None
         (last,) = ctx.saved_tensors
         return _eisner_backtrack(ctx.splits, last, grad, ctx.size), None, None
 
