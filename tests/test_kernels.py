@@ -46,20 +46,23 @@ def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tenso
 
 
 @pytest.mark.usefixtures("built_kernels")
-@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
+@pytest.mark.parametrize("path", ["fused", "cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
 )
 def test_kernels_equal_the_pytorch_code(
-    multiroot: bool, cache: bool, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
+    multiroot: bool, path: str, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """log Z, marginals, Hessian-vector product and log Z's gradient agree (lengths, -inf
-    arcs, one- and two-position items; split weights kept or recomputed), with the batch in
-    one chunk and in two (two threads)."""
-    if not cache:
+    arcs, one- and two-position items, more items than one group of SIMD lanes; the fused
+    loops, or the per-width ATen path with the split weights kept or recomputed), with the
+    batch in one chunk and in two (two threads)."""
+    if path != "fused":
+        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)
+    if path == "recomputed":
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
-    for batch, size in [(1, 2), (3, 6), (7, 12)]:
+    for batch, size in [(1, 2), (3, 6), (7, 12), (19, 9)]:
         scores, lengths = _scores(batch, size, dtype, seed=batch)
         with kernels_disabled():
             reference = _passes(scores, lengths, multiroot)

@@ -37,6 +37,13 @@ struct Layout {
         d(chart.stride(1)),
         r(chart.stride(2)) {}
 
+  // the views of the first k items only
+  Layout first_items(int64_t k) const {
+    Layout out = *this;
+    out.batch = k;
+    return out;
+  }
+
   Tensor first(const Tensor& x, int64_t w) const {
     return x.as_strided({batch, 3, w, size - w}, {b, d, r, 1}, 0);
   }
@@ -237,26 +244,44 @@ Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const 
 
 // One chunk of the batch: its inside charts and split weights (not changed after the inside
 // pass: the outside passes keep what they need in their own Outside).
+// Its items are sorted longest first, so that the items whose trees have spans of width w
+// are the first active[w]: every pass narrows width w's work to them (a batch of mixed
+// lengths costs the sum of its items' N^3, not the longest item's times the batch size).
 struct Chunk {
+  Tensor index;  // [B] the chunk's batch items, longest first
   Tensor chart;  // [B, 6, N, N]
   Tensor inner;  // [B, N, N] (empty when the weights are kept)
   Tensor last;   // [B]
+  std::vector<int64_t> active;  // per width: the number of items at least that long
   bool multiroot = true;
-  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1, if kept
+  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1 (active items), if kept
 
-  Tensor open_root(int64_t w) const { return multiroot ? Tensor() : last.ne(w); }
+  Tensor open_root(int64_t w) const {
+    return multiroot ? Tensor() : last.narrow(0, 0, active[w]).ne(w);
+  }
 
-  std::pair<Tensor, Tensor> split_weights(const Layout& lay, int64_t w) const {
+  std::pair<Tensor, Tensor> split_weights(const Layout& full, int64_t w) const {
     if (!weights.empty()) return weights[w - 1];
-    const int64_t n = lay.size - w;
+    const int64_t n = full.size - w, k = active[w];
+    const Layout lay = full.first_items(k);
     Tensor terms = lay.terms(chart, w);
     terms.select(1, 0).select(1, w - 1).fill_(kNegInf);  // the I(s, w) slots
     terms.select(1, 2).select(1, 0).fill_(kNegInf);
     Tensor sums = groups(lay.comp(chart, w).select(1, 0),
-                         inner.select(1, w).narrow(1, 0, n).unsqueeze(1));
+                         inner.narrow(0, 0, k).select(1, w).narrow(1, 0, n).unsqueeze(1));
     return split_weights_from(terms, Tensor(), sums, lay.inc(chart, w), open_root(w));
   }
 };
+
+// per width w < size: how many of the (longest first) lasts are >= w
+std::vector<int64_t> active_counts(const Tensor& last, int64_t size) {
+  const Tensor ends = last.to(at::kLong).contiguous();
+  const int64_t* lp = ends.data_ptr<int64_t>();
+  std::vector<int64_t> active(size, 0);
+  for (int64_t i = 0; i < ends.size(0); ++i)
+    for (int64_t w = 0; w <= std::min(lp[i], size - 1); ++w) ++active[w];
+  return active;
+}
 
 void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
   const int64_t batch = arcs.size(0), size = arcs.size(1);
@@ -265,24 +290,27 @@ void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
   c.chart.narrow(1, 3, 2).select(2, size - 1).fill_(0.0);
   c.inner = keep_weights ? at::empty({0}, arcs.options())
                          : at::full({batch, size, size}, kNegInf, arcs.options());
-  const Layout lay(c.chart);
+  const Layout full(c.chart);
   const double floor = lowest(arcs);
   for (int64_t w = 1; w < size; ++w) {
-    const int64_t n = size - w;
+    const int64_t n = size - w, k = c.active[w];
+    if (k == 0) break;  // no item has spans this wide (nor wider)
+    const Layout lay = full.first_items(k);
+    const Tensor arcs_w = arcs_of_width(arcs.narrow(0, 0, k), w);
     Tensor terms = lay.terms(c.chart, w);
     Tensor inc = lay.inc(c.chart, w);
     if (keep_weights) {  // one exp of the terms gives the sums and the split weights
       Tensor top = terms.amax({2}, true).clamp_min_(floor);
       Tensor e = terms.sub_(top).exp_();
-      auto [scale, r] = inside_width(top, e.sum({2}), arcs_of_width(arcs, w), inc,
-                                     lay.comp(c.chart, w), c.last, c.multiroot, w);
+      auto [scale, r] = inside_width(top, e.sum({2}), arcs_w, inc, lay.comp(c.chart, w),
+                                     c.last.narrow(0, 0, k), c.multiroot, w);
       c.weights.emplace_back(e.mul_(scale), r);
       continue;
     }
     Tensor sums = at::logsumexp(terms, {2});
-    at::add_out(inc, sums.narrow(1, 1, 1), arcs_of_width(arcs, w));
+    at::add_out(inc, sums.narrow(1, 1, 1), arcs_w);
     Tensor comp = at::logaddexp(even_groups(sums), inc);
-    c.inner.select(1, w).narrow(1, 0, n).copy_(sums.select(1, 1));
+    c.inner.narrow(0, 0, k).select(1, w).narrow(1, 0, n).copy_(sums.select(1, 1));
     Tensor open_root = c.open_root(w);
     if (open_root.defined()) comp.select(1, 0).select(1, 0).masked_fill_(open_root, kNegInf);
     lay.comp(c.chart, w).copy_(comp.unsqueeze(1));
@@ -311,10 +339,12 @@ struct Outside {
 Tensor outside(const Chunk& c, const Tensor& seed, Outside* keep) {
   Tensor grad = at::zeros_like(c.chart);
   grad.select(1, 1).select(2, 0).scatter_(1, c.last.unsqueeze(-1), seed.unsqueeze(-1));
-  const Layout lay(grad);
+  const Layout full(grad);
   const bool keep_parents = keep != nullptr && !c.weights.empty();
-  for (int64_t w = lay.size - 1; w > 0; --w) {
-    auto [p, r] = c.split_weights(lay, w);
+  for (int64_t w = full.size - 1; w > 0; --w) {
+    if (c.active[w] == 0) continue;
+    const Layout lay = full.first_items(c.active[w]);
+    auto [p, r] = c.split_weights(full, w);
     Tensor g_parent = outside_width(lay.comp(grad, w), lay.inc(grad, w), r);  // [B, 3, 1, n]
     if (keep_parents) keep->parents.push_back(g_parent);
     lay.first(grad, w).addcmul_(p, g_parent);
@@ -326,25 +356,30 @@ Tensor outside(const Chunk& c, const Tensor& seed, Outside* keep) {
 
 Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
   Tensor tangent = at::zeros_like(c.chart);
-  const Layout lay(tangent);
+  const Layout full(tangent);
   const bool keep = !c.weights.empty() && !o.parents.empty();
   std::vector<std::pair<Tensor, Tensor>> sums;  // per width (dot terms, dot sums [B, 3, 1, n])
-  for (int64_t w = 1; w < lay.size; ++w) {
-    auto [p, r] = c.split_weights(lay, w);
+  for (int64_t w = 1; w < full.size; ++w) {
+    const int64_t k = c.active[w];
+    if (k == 0) break;
+    const Layout lay = full.first_items(k);
+    auto [p, r] = c.split_weights(full, w);
     Tensor d_terms = lay.terms(tangent, w);
     Tensor d_sums = (p * d_terms).sum(2);  // [B, 3, n]; groups 0, 2 become dot C below
-    hvp_inside_width(d_sums, arcs_of_width(direction, w), r, lay.inc(tangent, w),
-                     lay.comp(tangent, w));
+    hvp_inside_width(d_sums, arcs_of_width(direction.narrow(0, 0, k), w), r,
+                     lay.inc(tangent, w), lay.comp(tangent, w));
     if (keep) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
   }
   Tensor d_grad = at::zeros_like(tangent);
-  for (int64_t w = lay.size - 1; w > 0; --w) {
-    auto [p, r] = c.split_weights(lay, w);
+  for (int64_t w = full.size - 1; w > 0; --w) {
+    if (c.active[w] == 0) continue;
+    const Layout lay = full.first_items(c.active[w]);
+    auto [p, r] = c.split_weights(full, w);
     Tensor d_terms, d_parent, g_parent;  // [B, 3, w, n], [B, 3, 1, n] (dot P), (g(P))
     if (keep) {
       std::tie(d_terms, d_parent) = sums.back();
       sums.pop_back();
-      g_parent = o.parents[lay.size - 1 - w];
+      g_parent = o.parents.at(o.parents.size() - sums.size() - 1);
     } else {
       d_terms = lay.terms(tangent, w);
       Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
@@ -498,8 +533,9 @@ std::vector<int64_t> term_bases(int64_t size) {
 
 // Up to kTrees items of a chunk.
 struct Group {
-  int64_t start = 0, count = 0;  // batch items start .. start + count (lanes beyond: padding)
-  Vec last{};                    // index of each item's last position (padding lanes: N - 1)
+  std::vector<int64_t> items;  // its batch items, one per lane (lanes beyond: padding)
+  int64_t span = 0;            // 1 + the largest last position: the passes stop there
+  Vec last{};                  // index of each item's last position (padding lanes: span - 1)
   Buffer chart;    // CR, CL, IR, IL [4, N, N] (IR, IL: s < t only)
   Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T]
 };
@@ -554,8 +590,8 @@ STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool m
   const int64_t terms = base[size];
   for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
   const Vec ninf = splat(kNegInf);
-  for (int64_t w = 1; w < size; ++w) {
-    for (int64_t s = 0; s + w < size; ++s) {
+  for (int64_t w = 1; w < g.span; ++w) {
+    for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, off = base[w] + s * w;
       Vec* p = g.weights.get() + off;  // inner
       Vec m = ninf;
@@ -600,8 +636,8 @@ STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
   Vec* cl = grad + kCL * nn;
   Vec* ir = grad + kIR * nn;
   Vec* il = grad + kIL * nn;
-  for (int64_t w = size - 1; w > 0; --w) {
-    for (int64_t s = 0; s + w < size; ++s) {
+  for (int64_t w = g.span - 1; w > 0; --w) {
+    for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, off = base[w] + s * w;
       const Vec* p = g.weights.get() + off + terms;  // CR: its uses are all wider, final
       Vec gp = cr[s * size + t];
@@ -643,8 +679,8 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   Vec* tir = tan + kIR * nn;
   Vec* til = tan + kIL * nn;
   Vec* tin = tan + kInner * nn;
-  for (int64_t w = 1; w < size; ++w) {
-    for (int64_t s = 0; s + w < size; ++s) {
+  for (int64_t w = 1; w < g.span; ++w) {
+    for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, off = base[w] + s * w;
       const Vec* p = g.weights.get() + off;
       Vec sum = splat(0.0);
@@ -673,8 +709,8 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   Vec* dcl = d_grad + kCL * nn;
   Vec* dir = d_grad + kIR * nn;
   Vec* dil = d_grad + kIL * nn;
-  for (int64_t w = size - 1; w > 0; --w) {
-    for (int64_t s = 0; s + w < size; ++s) {
+  for (int64_t w = g.span - 1; w > 0; --w) {
+    for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, off = base[w] + s * w, st = s * size + t;
       const Vec* p = g.weights.get() + off + terms;  // CR
       Vec gp = gcr[st], dgp = dcr[st], dp = tcr[st];
@@ -704,27 +740,28 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   }
 }
 
-// count [N, N] matrices (contiguous, double) into lanes
-std::vector<Vec> to_lanes(const double* src, int64_t count, int64_t nn) {
+// the [N, N] matrices src[item] (contiguous, double) of the given items into lanes
+std::vector<Vec> to_lanes(const double* src, const std::vector<int64_t>& items, int64_t nn) {
   std::vector<Vec> out(nn, splat(0.0));
-  for (int64_t l = 0; l < count; ++l)
-    for (int64_t k = 0; k < nn; ++k) out[k][l] = src[l * nn + k];
+  for (size_t l = 0; l < items.size(); ++l)
+    for (int64_t k = 0; k < nn; ++k) out[k][l] = src[items[l] * nn + k];
   return out;
 }
 
-// The arcs' entries of charts (IR(s, t) -> [s][t], IL(s, t) -> [t][s]) into count [N, N]
-// matrices at dst (contiguous, double, zeroed), times seed[l] if given.
-void from_lanes(const Vec* charts, int64_t size, int64_t count, const double* seed,
-                double* dst) {
+// The arcs' entries of charts (IR(s, t) -> [s][t], IL(s, t) -> [t][s], t < span) into the
+// [N, N] matrices dst[item] (contiguous, double, zeroed), times seed[item] if given.
+void from_lanes(const Vec* charts, int64_t size, int64_t span, const std::vector<int64_t>& items,
+                const double* seed, double* dst) {
   const int64_t nn = size * size;
   const Vec* ir = charts + kIR * nn;
   const Vec* il = charts + kIL * nn;
-  for (int64_t l = 0; l < count; ++l) {
-    const double scale = seed ? seed[l] : 1.0;
-    for (int64_t s = 0; s < size; ++s)
-      for (int64_t t = s + 1; t < size; ++t) {
-        dst[l * nn + s * size + t] = ir[s * size + t][l] * scale;
-        dst[l * nn + t * size + s] = il[s * size + t][l] * scale;
+  for (size_t l = 0; l < items.size(); ++l) {
+    const int64_t item = items[l];
+    const double scale = seed ? seed[item] : 1.0;
+    for (int64_t s = 0; s < span; ++s)
+      for (int64_t t = s + 1; t < span; ++t) {
+        dst[item * nn + s * size + t] = ir[s * size + t][l] * scale;
+        dst[item * nn + t * size + s] = il[s * size + t][l] * scale;
       }
   }
 }
@@ -733,7 +770,7 @@ void from_lanes(const Vec* charts, int64_t size, int64_t count, const double* se
 // for log Σ exp: chart [4, N, N] and the best split j of every sum (inner, CR, CL) [3, N, N]
 // (the first of tied splits, as the PyTorch code's argmax).
 STRUCTATTN_CLONES void fused_max(Vec* ch, Vec* best, const Vec* a, const Vec& last,
-                                 int64_t size, bool multiroot) {
+                                 int64_t size, int64_t span, bool multiroot) {
   const int64_t nn = size * size;
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
@@ -742,10 +779,10 @@ STRUCTATTN_CLONES void fused_max(Vec* ch, Vec* best, const Vec* a, const Vec& la
   Vec* b_in = best;
   Vec* b_cr = best + nn;
   Vec* b_cl = best + 2 * nn;
-  for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
+  for (int64_t s = 0; s < span; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
   const Vec ninf = splat(kNegInf);
-  for (int64_t w = 1; w < size; ++w) {
-    for (int64_t s = 0; s + w < size; ++s) {
+  for (int64_t w = 1; w < span; ++w) {
+    for (int64_t s = 0; s + w < span; ++s) {
       const int64_t t = s + w, st = s * size + t;
       Vec m = ninf, arg = splat(0.0);
       for (int64_t j = 0; j < w; ++j) {
@@ -811,18 +848,47 @@ void fused_backtrack(const Vec* best, int64_t size, int64_t l, int64_t last, int
   }
 }
 #endif  // STRUCTATTN_FUSED_EISNER
+// The batch items of each chunk (one chunk per thread), longest first: the items sorted by
+// length (longest first) and dealt to the chunks in turn, so that the chunks get about the
+// same work and each chunk's items, and its groups of kTrees, similar lengths.
+std::vector<std::vector<int64_t>> chunk_items(const Tensor& last) {
+  const Tensor ends = last.to(at::kLong).contiguous();
+  const int64_t batch = ends.size(0);
+  const int64_t* lp = ends.data_ptr<int64_t>();
+  std::vector<int64_t> order(batch);
+  for (int64_t i = 0; i < batch; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return lp[a] > lp[b]; });
+  const int64_t count = static_cast<int64_t>(chunk_starts(batch).size()) - 1;
+  std::vector<std::vector<int64_t>> items(count);
+  for (int64_t i = 0; i < batch; ++i) items[i % count].push_back(order[i]);
+  return items;
+}
+
+Tensor index_tensor(const std::vector<int64_t>& items) {
+  return at::tensor(at::ArrayRef<int64_t>(items), at::TensorOptions().dtype(at::kLong));
+}
+
 }  // namespace
 
 // The state of one batch after the inside pass (read-only afterwards: any number of outside
 // passes and HVPs, from any thread, may use it).
 struct EisnerState {
   std::vector<Chunk> chunks;
-  std::vector<int64_t> starts;  // chunk i is the batch items starts[i] .. starts[i + 1]
+  std::vector<int64_t> starts;  // one chunk per thread: chunk i of for_chunks(starts, ...)
 #ifdef STRUCTATTN_FUSED_EISNER
   std::vector<std::vector<Group>> fused;  // per chunk (fused path; chunks is then empty)
   Tensor logz;                            // [B] (fused path)
   int64_t size = 0;
 #endif
+
+  // the chunks' results [k, ...] (their items in chunk order) in batch order
+  Tensor in_batch_order(const std::vector<Tensor>& parts) const {
+    std::vector<Tensor> index;
+    for (const Chunk& c : chunks) index.push_back(c.index);
+    const Tensor all = cat_chunks(parts);
+    return at::empty_like(all).index_copy_(0, cat_chunks(index), all);
+  }
 };
 
 // One outside pass's charts, kept for the HVP (owned by the marginals' autograd node).
@@ -840,11 +906,12 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
   auto state = std::make_shared<EisnerState>();
-  state->starts = chunk_starts(arc_scores.size(0));
-  const int64_t count = static_cast<int64_t>(state->starts.size()) - 1;
+  const std::vector<std::vector<int64_t>> items = chunk_items(last);
+  const int64_t count = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i <= count; ++i) state->starts.push_back(i);
   const Tensor arcs = arc_scores.contiguous();
-#ifdef STRUCTATTN_FUSED_EISNER
   const int64_t size = arcs.size(1);
+#ifdef STRUCTATTN_FUSED_EISNER
   if (fused) {
     state->size = size;
     state->fused.resize(count);
@@ -854,16 +921,19 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
     double* zp = logz.data_ptr<double>();
     const Tensor arcs_d = arcs.to(at::kDouble).contiguous();
     const double* ap = arcs_d.data_ptr<double>();
-    for_chunks(state->starts, [&](int64_t i, int64_t start, int64_t length) {
-      for (int64_t first = start; first < start + length; first += kTrees) {
+    for_chunks(state->starts, [&](int64_t i, int64_t, int64_t) {
+      const std::vector<int64_t>& mine = items[i];
+      for (size_t first = 0; first < mine.size(); first += kTrees) {
         Group g;
-        g.start = first;
-        g.count = std::min(kTrees, start + length - first);
-        g.last = splat(static_cast<double>(size - 1));
-        for (int64_t l = 0; l < g.count; ++l) g.last[l] = static_cast<double>(lp[first + l]);
-        const std::vector<Vec> a = to_lanes(ap + first * size * size, g.count, size * size);
+        g.items.assign(mine.begin() + first,
+                       mine.begin() + std::min(mine.size(), first + kTrees));
+        g.span = lp[g.items[0]] + 1;  // the longest item comes first
+        g.last = splat(static_cast<double>(g.span - 1));
+        for (size_t l = 0; l < g.items.size(); ++l) g.last[l] = static_cast<double>(lp[g.items[l]]);
+        const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
         fused_inside(g, a.data(), size, multiroot);
-        for (int64_t l = 0; l < g.count; ++l) zp[first + l] = g.chart[lp[first + l]][l];  // CR(0, last)
+        for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
+          zp[g.items[l]] = g.chart[lp[g.items[l]]][l];
         state->fused[i].push_back(std::move(g));
       }
     });
@@ -872,11 +942,16 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   }
 #endif
   state->chunks.resize(count);
-  for (Chunk& c : state->chunks) c.multiroot = multiroot;
-  for_chunks(state->starts, [&](int64_t i, int64_t start, int64_t length) {
+  for (int64_t i = 0; i < count; ++i) {
     Chunk& c = state->chunks[i];
-    c.last = last.narrow(0, start, length);
-    inside(c, arcs.narrow(0, start, length), keep_weights);
+    c.multiroot = multiroot;
+    c.index = index_tensor(items[i]);
+    c.last = last.index_select(0, c.index);
+    c.active = active_counts(c.last, size);
+  }
+  for_chunks(state->starts, [&](int64_t i, int64_t, int64_t) {
+    Chunk& c = state->chunks[i];
+    inside(c, arcs.index_select(0, c.index), keep_weights);
   });
   return state;
 }
@@ -890,7 +965,7 @@ Tensor eisner_log_partition(const EisnerState& state) {
   std::vector<Tensor> parts;
   for (const Chunk& c : state.chunks)
     parts.push_back(c.chart.select(1, 1).select(2, 0).gather(1, c.last.unsqueeze(-1)).squeeze(-1));
-  return cat_chunks(parts);
+  return state.in_batch_order(parts);
 }
 
 // seed[b] * marginals [B, N, N], and (if keep) the outside charts for eisner_hvp
@@ -910,10 +985,10 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
     for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
       for (const Group& g : state.fused[i]) {
         Buffer grad = std::move(Buffer(4 * nn).zero());
-        for (int64_t l = 0; l < g.count; ++l)  // d log Z / d CR(0, last) = 1
+        for (size_t l = 0; l < g.items.size(); ++l)  // d log Z / d CR(0, last) = 1
           grad[kCR * nn + static_cast<int64_t>(g.last[l])][l] = 1.0;
         fused_outside(g, grad.get(), size);
-        from_lanes(grad.get(), size, g.count, sp + g.start, op + g.start * nn);
+        from_lanes(grad.get(), size, g.span, g.items, sp, op);
         if (keep) kept->fused[i].push_back(std::move(grad));
       }
     });
@@ -921,11 +996,12 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
   }
 #endif
   if (keep) kept->chunks.resize(count);
-  Tensor out = chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
-    return outside(state.chunks[i], seed.narrow(0, start, length),
-                   keep ? &kept->chunks[i] : nullptr);
+  std::vector<Tensor> parts(count);
+  for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+    const Chunk& c = state.chunks[i];
+    parts[i] = outside(c, seed.index_select(0, c.index), keep ? &kept->chunks[i] : nullptr);
   });
-  return {out, kept};
+  return {state.in_batch_order(parts), kept};
 }
 
 Tensor eisner_outside(const EisnerState& state, const Tensor& seed) {
@@ -954,10 +1030,10 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
       Buffer tan = std::move(Buffer(5 * nn).zero()), d_grad(4 * nn);  // tan: its diagonal stays 0
       for (size_t k = 0; k < groups.size(); ++k) {
         const Group& g = groups[k];
-        const std::vector<Vec> d = to_lanes(dp + g.start * nn, g.count, nn);
+        const std::vector<Vec> d = to_lanes(dp, g.items, nn);
         d_grad.zero();
         fused_hvp(g, outside_charts.fused[i][k].get(), d.data(), tan.get(), d_grad.get(), size);
-        from_lanes(d_grad.get(), size, g.count, nullptr, op + g.start * nn);
+        from_lanes(d_grad.get(), size, g.span, g.items, nullptr, op);
       }
     });
     return out.to(dirs.scalar_type());
@@ -966,9 +1042,12 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   const int64_t count = static_cast<int64_t>(state.chunks.size());
   TORCH_CHECK(static_cast<int64_t>(outside_charts.chunks.size()) == count,
               "eisner_hvp: the outside charts come from another batch");
-  return chunked(state.starts, [&](int64_t i, int64_t start, int64_t length) {
-    return hvp(state.chunks[i], outside_charts.chunks[i], dirs.narrow(0, start, length));
+  std::vector<Tensor> parts(count);
+  for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+    const Chunk& c = state.chunks[i];
+    parts[i] = hvp(c, outside_charts.chunks[i], dirs.index_select(0, c.index));
   });
+  return state.in_batch_order(parts);
 }
 
 #ifdef STRUCTATTN_FUSED_EISNER
@@ -987,18 +1066,25 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
   Tensor heads = at::full({batch, size}, -1, ends.options());
   double* zp = score.data_ptr<double>();
   int64_t* hp = heads.data_ptr<int64_t>();
-  for_chunks(chunk_starts(batch), [&](int64_t, int64_t start, int64_t length) {
+  const std::vector<std::vector<int64_t>> items = chunk_items(ends);
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i <= items.size(); ++i) starts.push_back(static_cast<int64_t>(i));
+  for_chunks(starts, [&](int64_t i, int64_t, int64_t) {
+    const std::vector<int64_t>& mine = items[i];
+    if (mine.empty()) return;
     Buffer chart(4 * nn), best(3 * nn);
-    for (int64_t first = start; first < start + length; first += kTrees) {
-      const int64_t count = std::min(kTrees, start + length - first);
-      Vec ends_lanes = splat(static_cast<double>(size - 1));
-      for (int64_t l = 0; l < count; ++l) ends_lanes[l] = static_cast<double>(lp[first + l]);
-      const std::vector<Vec> a = to_lanes(ap + first * nn, count, nn);
-      fused_max(chart.get(), best.get(), a.data(), ends_lanes, size, multiroot);
-      for (int64_t l = 0; l < count; ++l) {
-        const int64_t end = lp[first + l];
-        zp[first + l] = chart[kCR * nn + end][l];  // CR(0, last)
-        fused_backtrack(best.get(), size, l, end, hp + (first + l) * size);
+    for (size_t first = 0; first < mine.size(); first += kTrees) {
+      const std::vector<int64_t> group(mine.begin() + first,
+                                       mine.begin() + std::min(mine.size(), first + kTrees));
+      const int64_t span = lp[group[0]] + 1;  // the longest item comes first
+      Vec ends_lanes = splat(static_cast<double>(span - 1));
+      for (size_t l = 0; l < group.size(); ++l) ends_lanes[l] = static_cast<double>(lp[group[l]]);
+      const std::vector<Vec> a = to_lanes(ap, group, nn);
+      fused_max(chart.get(), best.get(), a.data(), ends_lanes, size, span, multiroot);
+      for (size_t l = 0; l < group.size(); ++l) {
+        const int64_t item = group[l], end = lp[item];
+        zp[item] = chart[kCR * nn + end][l];  // CR(0, last)
+        fused_backtrack(best.get(), size, static_cast<int64_t>(l), end, hp + item * size);
       }
     }
   });
