@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from ..nn.deep_lstm import DepthGatedLSTM, GatedFeedbackLSTM
 from ..nn.lstmn import LSTMN, LSTMNCell, LSTMNStackOutput, LSTMNState
 
 __all__ = [
@@ -53,8 +54,9 @@ __all__ = [
     "detach_state",
 ]
 
-LM_CELLS = ("rnn", "lstm")
-"""Recurrent cells of :class:`RNNLanguageModel`."""
+LM_CELLS = ("rnn", "lstm", "gf-lstm", "dg-lstm")
+"""Recurrent cells of :class:`RNNLanguageModel` (gated-feedback and depth-gated LSTMs:
+:mod:`structattn.nn.deep_lstm`)."""
 
 
 @runtime_checkable
@@ -92,7 +94,8 @@ def _positive(name: str, value: object) -> int:
 
 
 class RNNLanguageModel(nn.Module):
-    """Embedding -> ``num_layers`` of Elman RNN (tanh) or LSTM -> linear softmax layer.
+    """Embedding -> ``num_layers`` of Elman RNN (tanh), LSTM, gated-feedback LSTM
+    (``gf-lstm``) or depth-gated LSTM (``dg-lstm``) -> linear softmax layer.
 
     Dropout (probability ``dropout``) on the embeddings, between the layers and on the top
     layer's outputs (Zaremba et al. 2014; ``dropout=0`` for the unregularised models of
@@ -100,7 +103,7 @@ class RNNLanguageModel(nn.Module):
     Wolf 2017; needs ``hidden_size == embed_size``). Weights of the embeddings and of the
     output layer ~ U(-0.1, 0.1), output bias 0, recurrent weights as ``nn.RNN`` / ``nn.LSTM``.
 
-    State: ``(h,)`` for the RNN, ``(h, c)`` for the LSTM, each ``[num_layers, B, H]``.
+    State: ``(h,)`` for the RNN, ``(h, c)`` for the LSTMs, each ``[num_layers, B, H]``.
 
     Shapes: ``inputs`` [B, T] -> logits [B, T, V].
     """
@@ -111,7 +114,7 @@ class RNNLanguageModel(nn.Module):
         embed_size: int,
         hidden_size: int,
         num_layers: int = 1,
-        cell: Literal["rnn", "lstm"] = "lstm",
+        cell: Literal["rnn", "lstm", "gf-lstm", "dg-lstm"] = "lstm",
         dropout: float = 0.0,
         tie_weights: bool = False,
     ) -> None:
@@ -132,8 +135,12 @@ class RNNLanguageModel(nn.Module):
         self.embedding = nn.Embedding(vocab_size, embed_size)
         self.dropout = nn.Dropout(dropout)
         between = dropout if num_layers > 1 else 0.0
-        self.rnn: nn.RNN | nn.LSTM
-        if cell == "lstm":
+        self.rnn: nn.Module
+        if cell == "gf-lstm":
+            self.rnn = GatedFeedbackLSTM(embed_size, hidden_size, num_layers, dropout=between)
+        elif cell == "dg-lstm":
+            self.rnn = DepthGatedLSTM(embed_size, hidden_size, num_layers, dropout=between)
+        elif cell == "lstm":
             self.rnn = nn.LSTM(
                 embed_size, hidden_size, num_layers, batch_first=True, dropout=between
             )
@@ -175,7 +182,7 @@ class RNNLanguageModel(nn.Module):
                 f"`state` of a {self.cell} LM is a tuple of {expected} tensors (initial_state)"
             )
         embedded = self.dropout(self.embedding(inputs))  # [B, T, E]
-        if self.cell == "lstm":
+        if self.cell != "rnn":
             outputs, (h, c) = self.rnn(embedded, (state[0], state[1]))  # [B, T, H]
             new_state: tuple[Tensor, ...] = (h, c)
         else:
