@@ -1,5 +1,7 @@
-"""Encoders and cells: LSTMN (Cheng et al. 2016), PRPN parsing and reading networks."""
+"""Encoders and cells: LSTMN (Cheng et al. 2016), PRPN parsing and reading networks, the
+gated-feedback and depth-gated LSTMs (the 3-layer baselines of the LSTMN paper)."""
 
+from .deep_lstm import DepthGatedLSTM, GatedFeedbackLSTM
 from .lstmn import (
     LSTMN,
     LSTMNCell,
@@ -17,7 +19,9 @@ from .prpn import GatedAttentionOutput, GatedSelfAttention, ParsingNetwork, Pars
 
 __all__ = [
     "LSTMN",
+    "DepthGatedLSTM",
     "GatedAttentionOutput",
+    "GatedFeedbackLSTM",
     "GatedSelfAttention",
     "LSTMNCell",
     "LSTMNDecoder",
