@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -223,13 +224,47 @@ def machine_info() -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    lapack = re.search(r"LAPACK_INFO=(\w+)", config)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "simd": simd_level(),
         "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "blas": blas.group(1) if blas else None,
+        "lapack": lapack.group(1) if lapack else None,
+        "kernels": os.environ.get("STRUCTATTN_EXTENSION", "1"),
         "python": platform.python_version(),
         "versions": versions,
     }
+
+
+#: the CPU flags of the x86-64 levels our kernels are compiled for (v4 = AVX-512, v3 = AVX2)
+_LEVELS = {
+    "x86-64-v4 (AVX-512)": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    "x86-64-v3 (AVX2)": ("avx2", "fma", "bmi1", "bmi2", "movbe"),
+}
+
+
+def simd_level() -> str:
+    """The SIMD clone of the C++ kernels this CPU gets (from its /proc/cpuinfo flags): the
+    kernels are compiled for x86-64-v4, x86-64-v3 and baseline x86-64 and the loader picks
+    the highest the CPU supports, so two machines of different levels time different code."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    for level, needed in _LEVELS.items():
+        if flags.issuperset(needed):
+            return level
+    return "x86-64 baseline" if flags else "unknown"
 
 
 def _say(*parts: object) -> None:
@@ -734,6 +769,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(
         f"# structattn benchmark: {m['cpu']}, {m['cores']} cores, torch "
         f"{m['versions']['torch']}, {settings.threads} threads, float32, B={settings.batch}"
+    )
+    _say(
+        f"# kernels' SIMD clone {m['simd']}, BLAS {m['blas']}, LAPACK {m['lapack']}, "
+        f"OMP_NUM_THREADS {m['omp_num_threads']}, STRUCTATTN_EXTENSION {m['kernels']}"
     )
     results = run(settings, args.json)
     if args.json:
