@@ -74,6 +74,9 @@ def test_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+_bt = dependency._eisner_backtrack
+
+
 def _map(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, Tensor]:
     """The best tree's score and its arcs times a per-item seed (the MAP backward)."""
     x = scores.clone().requires_grad_(True)
@@ -108,6 +111,19 @@ def test_map_kernel_equals_the_pytorch_code(multiroot: bool, dtype: torch.dtype)
                 torch.testing.assert_close(arcs[keep], reference[1][keep], rtol=0, atol=0)
             else:
                 torch.testing.assert_close(arcs, reference[1], rtol=0, atol=0)
+
+
+@pytest.mark.usefixtures("built_kernels")
+def test_map_above_the_kernel_size_uses_the_pytorch_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trees longer than _MAP_FUSED_SIZE go to the PyTorch code (the same trees)."""
+    scores, lengths = _scores(5, 9, torch.float64, seed=3)
+    fused = _map(scores, lengths, True)
+    monkeypatch.setattr(dependency, "_MAP_FUSED_SIZE", 8)
+    calls = []
+    monkeypatch.setattr(dependency, "_eisner_backtrack", lambda *a: calls.append(1) or _bt(*a))
+    fallback = _map(scores, lengths, True)
+    assert calls, "the PyTorch backtrack was not used"
+    torch.testing.assert_close(fallback, fused, rtol=0, atol=1e-12)
 
 
 @pytest.mark.usefixtures("built_kernels")

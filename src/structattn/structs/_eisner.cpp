@@ -278,6 +278,8 @@ std::vector<int64_t> active_counts(const Tensor& last, int64_t size) {
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t* lp = ends.data_ptr<int64_t>();
   std::vector<int64_t> active(size, 0);
+  for (int64_t i = 1; i < ends.size(0); ++i)  // the narrowing relies on it
+    TORCH_CHECK(lp[i] <= lp[i - 1], "active_counts: items must come longest first");
   for (int64_t i = 0; i < ends.size(0); ++i)
     for (int64_t w = 0; w <= std::min(lp[i], size - 1); ++w) ++active[w];
   return active;

@@ -213,6 +213,12 @@ _CACHE_ELEMENTS = 1 << 22
 # per-width ATen operations: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15 (N = 40).
 _FUSED_SIZE = 80
 
+# The C++ MAP kernel (eisner_map) keeps 7 N^2 vectors of 8 doubles per thread (29 MB at
+# N = 256) and runs eight trees at once: above this many positions the PyTorch code's
+# charts (O(B N^2)) are used instead. It adds float32 scores in double precision, so on
+# float32 near-ties (within rounding) it may pick the tree that is better in exact arithmetic.
+_MAP_FUSED_SIZE = 256
+
 
 class _Charts(NamedTuple):
     chart: Tensor  # [B, 6, N, N] (layout above)
@@ -419,7 +425,8 @@ class _EisnerMax(torch.autograd.Function):
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         kernels = compiled_kernels(arc_scores)
         ctx.size = arc_scores.shape[-1]
-        if kernels is not None and hasattr(kernels, "eisner_map"):  # fused C++ pass + backtrack
+        fused = ctx.size <= _MAP_FUSED_SIZE and hasattr(kernels, "eisner_map")
+        if kernels is not None and fused:  # fused C++ pass + backtrack
             score, ctx.heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
             return score
         ctx.heads = None
