@@ -248,7 +248,13 @@ Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const 
 // are the first active[w]: every pass narrows width w's work to them (a batch of mixed
 // lengths costs the sum of its items' N^3, not the longest item's times the batch size).
 struct Chunk {
-  Tensor index;  // [B] the chunk's batch items, longest first
+  Tensor index;       // [B] the chunk's batch items, longest first
+  int64_t first = -1;  // when they are first, first + 1, ...: first (views, no copies)
+
+  // the chunk's rows of a batch tensor x [B, ...]
+  Tensor take(const Tensor& x) const {
+    return first >= 0 ? x.narrow(0, first, index.size(0)) : x.index_select(0, index);
+  }
   Tensor chart;  // [B, 6, N, N]
   Tensor inner;  // [B, N, N] (empty when the weights are kept)
   Tensor last;   // [B]
@@ -851,8 +857,9 @@ void fused_backtrack(const Vec* best, int64_t size, int64_t l, int64_t last, int
 }
 #endif  // STRUCTATTN_FUSED_EISNER
 // The batch items of each chunk (one chunk per thread), longest first: the items sorted by
-// length (longest first) and dealt to the chunks in turn, so that the chunks get about the
-// same work and each chunk's items, and its groups of kTrees, similar lengths.
+// length (longest first, stable) and cut into consecutive blocks of about equal work (the
+// sum of length^3), so that each chunk's items, and its groups of kTrees, have similar
+// lengths; a batch of equal lengths is cut into the usual contiguous ranges.
 std::vector<std::vector<int64_t>> chunk_items(const Tensor& last) {
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t batch = ends.size(0);
@@ -862,8 +869,19 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lp[a] > lp[b]; });
   const int64_t count = static_cast<int64_t>(chunk_starts(batch).size()) - 1;
+  auto work = [&](int64_t i) { return std::pow(static_cast<double>(lp[i] + 1), 3); };
+  double total = 0;
+  for (int64_t i = 0; i < batch; ++i) total += work(i);
   std::vector<std::vector<int64_t>> items(count);
-  for (int64_t i = 0; i < batch; ++i) items[i % count].push_back(order[i]);
+  double done = 0;
+  int64_t c = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    // the next chunk once this one has its share, or when every later chunk needs an item
+    const bool share = done >= total * static_cast<double>(c + 1) / static_cast<double>(count);
+    if (c + 1 < count && !items[c].empty() && (share || batch - i <= count - 1 - c)) ++c;
+    items[c].push_back(order[i]);
+    done += work(order[i]);
+  }
   return items;
 }
 
@@ -884,12 +902,21 @@ struct EisnerState {
   int64_t size = 0;
 #endif
 
-  // the chunks' results [k, ...] (their items in chunk order) in batch order
+  // the chunks' results [k, ...] (their items in chunk order) in batch order: concatenated
+  // when the chunks are consecutive ranges (no index copies)
   Tensor in_batch_order(const std::vector<Tensor>& parts) const {
-    std::vector<Tensor> index;
-    for (const Chunk& c : chunks) index.push_back(c.index);
-    const Tensor all = cat_chunks(parts);
-    return at::empty_like(all).index_copy_(0, cat_chunks(index), all);
+    int64_t next = 0;
+    bool ranges = true;
+    for (const Chunk& c : chunks) {
+      ranges = ranges && (c.first == next || c.index.size(0) == 0);
+      next += c.index.size(0);
+    }
+    if (ranges) return cat_chunks(parts);
+    std::vector<int64_t> shape = parts[0].sizes().vec();
+    shape[0] = next;
+    Tensor out = at::empty(shape, parts[0].options());
+    for (size_t i = 0; i < chunks.size(); ++i) out.index_copy_(0, chunks[i].index, parts[i]);
+    return out;
   }
 };
 
@@ -948,12 +975,16 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
     Chunk& c = state->chunks[i];
     c.multiroot = multiroot;
     c.index = index_tensor(items[i]);
-    c.last = last.index_select(0, c.index);
+    bool consecutive = !items[i].empty();
+    for (size_t j = 1; j < items[i].size(); ++j)
+      consecutive = consecutive && items[i][j] == items[i][0] + static_cast<int64_t>(j);
+    c.first = consecutive ? items[i][0] : -1;
+    c.last = c.take(last);
     c.active = active_counts(c.last, size);
   }
   for_chunks(state->starts, [&](int64_t i, int64_t, int64_t) {
     Chunk& c = state->chunks[i];
-    inside(c, arcs.index_select(0, c.index), keep_weights);
+    inside(c, c.take(arcs), keep_weights);
   });
   return state;
 }
@@ -1001,7 +1032,7 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
   std::vector<Tensor> parts(count);
   for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
     const Chunk& c = state.chunks[i];
-    parts[i] = outside(c, seed.index_select(0, c.index), keep ? &kept->chunks[i] : nullptr);
+    parts[i] = outside(c, c.take(seed), keep ? &kept->chunks[i] : nullptr);
   });
   return {state.in_batch_order(parts), kept};
 }
@@ -1047,7 +1078,7 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   std::vector<Tensor> parts(count);
   for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
     const Chunk& c = state.chunks[i];
-    parts[i] = hvp(c, outside_charts.chunks[i], dirs.index_select(0, c.index));
+    parts[i] = hvp(c, outside_charts.chunks[i], c.take(dirs));
   });
   return state.in_batch_order(parts);
 }
