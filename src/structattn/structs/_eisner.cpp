@@ -856,11 +856,18 @@ void fused_backtrack(const Vec* best, int64_t size, int64_t l, int64_t last, int
   }
 }
 #endif  // STRUCTATTN_FUSED_EISNER
+#ifdef STRUCTATTN_FUSED_EISNER
+constexpr int64_t kFusedUnit = kTrees;  // the fused path's chunks hold whole groups
+#else
+constexpr int64_t kFusedUnit = 1;
+#endif
+
 // The batch items of each chunk (one chunk per thread), longest first: the items sorted by
-// length (longest first, stable) and cut into consecutive blocks of about equal work (the
-// sum of length^3), so that each chunk's items, and its groups of kTrees, have similar
-// lengths; a batch of equal lengths is cut into the usual contiguous ranges.
-std::vector<std::vector<int64_t>> chunk_items(const Tensor& last) {
+// length (longest first, stable), taken in units of ``unit`` consecutive items (the fused
+// path's groups of kTrees; 1 for the ATen path), and the units cut into consecutive blocks
+// of about equal work (the sum of length^3): each chunk's items, and its groups, then have
+// similar lengths, and a batch of equal lengths is cut into the usual contiguous ranges.
+std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) {
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t batch = ends.size(0);
   const int64_t* lp = ends.data_ptr<int64_t>();
@@ -869,18 +876,25 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lp[a] > lp[b]; });
   const int64_t count = static_cast<int64_t>(chunk_starts(batch).size()) - 1;
-  auto work = [&](int64_t i) { return std::pow(static_cast<double>(lp[i] + 1), 3); };
+  std::vector<double> work;  // per unit
   double total = 0;
-  for (int64_t i = 0; i < batch; ++i) total += work(i);
+  for (int64_t first = 0; first < batch; first += unit) {
+    double w = 0;
+    for (int64_t i = first; i < std::min(batch, first + unit); ++i)
+      w += std::pow(static_cast<double>(lp[order[i]] + 1), 3);
+    work.push_back(w);
+    total += w;
+  }
   std::vector<std::vector<int64_t>> items(count);
   double done = 0;
   int64_t c = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    // the next chunk once this one has its share, or when every later chunk needs an item
-    const bool share = done >= total * static_cast<double>(c + 1) / static_cast<double>(count);
-    if (c + 1 < count && !items[c].empty() && (share || batch - i <= count - 1 - c)) ++c;
-    items[c].push_back(order[i]);
-    done += work(order[i]);
+  for (size_t u = 0; u < work.size(); ++u) {
+    // the next chunk when this unit would take this one further past its share than short
+    const double share = total * static_cast<double>(c + 1) / static_cast<double>(count);
+    if (c + 1 < count && !items[c].empty() && done + work[u] / 2 > share) ++c;
+    const int64_t first = static_cast<int64_t>(u) * unit;
+    for (int64_t i = first; i < std::min(batch, first + unit); ++i) items[c].push_back(order[i]);
+    done += work[u];
   }
   return items;
 }
@@ -935,7 +949,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
   auto state = std::make_shared<EisnerState>();
-  const std::vector<std::vector<int64_t>> items = chunk_items(last);
+  const std::vector<std::vector<int64_t>> items = chunk_items(last, fused ? kFusedUnit : 1);
   const int64_t count = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i <= count; ++i) state->starts.push_back(i);
   const Tensor arcs = arc_scores.contiguous();
@@ -1099,7 +1113,7 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
   Tensor heads = at::full({batch, size}, -1, ends.options());
   double* zp = score.data_ptr<double>();
   int64_t* hp = heads.data_ptr<int64_t>();
-  const std::vector<std::vector<int64_t>> items = chunk_items(ends);
+  const std::vector<std::vector<int64_t>> items = chunk_items(ends, kTrees);
   std::vector<int64_t> starts;
   for (size_t i = 0; i <= items.size(); ++i) starts.push_back(static_cast<int64_t>(i));
   for_chunks(starts, [&](int64_t i, int64_t, int64_t) {
