@@ -13,7 +13,7 @@ from typing import Any
 
 from ._common import _SMALL, _new_figure, _output_path, _rc_context, _save
 
-__all__ = ["depth_curves", "grouped_bars", "line_curves", "training_curves"]
+__all__ = ["bar_axis_top", "depth_curves", "grouped_bars", "line_curves", "training_curves"]
 
 # matplotlib's tab10: one colour per model or run (the first five were the original list)
 _COLORS = [
@@ -117,6 +117,16 @@ def line_curves(
         return _save(fig, out, fmt)
 
 
+def bar_axis_top(series: Sequence[Sequence[float | None]], ylabel: str) -> float:
+    """The y-axis top of :func:`grouped_bars`: 100 for percentages up to 100, else 10% above
+    the largest value (perplexities, BLEU) so that no bar or tick is cut off."""
+    values = [v for values in series for v in values if v is not None]
+    largest = max(values, default=0.0)
+    if ylabel == "%" and largest <= 100:
+        return 100.0
+    return 1.1 * largest if largest > 0 else 1.0
+
+
 def grouped_bars(
     groups: Sequence[object],
     results: Mapping[str, Sequence[float | None]],
@@ -163,11 +173,17 @@ def grouped_bars(
                     zorder=3,
                     label="paper" if i == 0 else None,
                 )
-        ax.set_xticks(range(len(labels)), labels)
+        long = len(labels) > 4 and max(len(label) for label in labels) > 6
+        ax.set_xticks(
+            range(len(labels)), labels, rotation=25 if long else 0, ha="right" if long else "center"
+        )
         ax.set_ylabel(ylabel)
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, bar_axis_top([*results.values(), *(reference or {}).values()], ylabel))
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8, ncol=len(results) + 1, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+        below = -0.32 if long else -0.1  # under the (rotated) group labels
+        ax.legend(
+            fontsize=8, ncol=len(results) + 1, loc="upper center", bbox_to_anchor=(0.5, below)
+        )
         if title:
             ax.set_title(title)
         return _save(fig, out, fmt)
