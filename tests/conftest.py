@@ -33,6 +33,20 @@ def built_kernels() -> None:
         pytest.skip("the C++ kernels are not built on this machine")
 
 
+@pytest.fixture
+def small_chunks(built_kernels: None) -> Iterator[None]:
+    """Let the kernels split even tiny batches over the threads (below a work threshold they
+    run one chunk), so that the tests' small problems also cover the multi-chunk code."""
+    from structattn.structs._extension import kernels
+
+    module = kernels(torch.zeros(1, 2, 2))
+    before = module.set_parallel_work(0.0)
+    try:
+        yield
+    finally:
+        module.set_parallel_work(before)
+
+
 @pytest.fixture(params=["kernels", "pytorch"])
 def kernel_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test with the C++ kernels (skipped where they are not built), then with the

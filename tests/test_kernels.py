@@ -45,7 +45,7 @@ def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tenso
     return scores, lengths
 
 
-@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("path", ["fused", "cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def _map(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, Tens
     return best.detach(), arcs
 
 
-@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_map_kernel_equals_the_pytorch_code(multiroot: bool, dtype: torch.dtype) -> None:
@@ -124,6 +124,19 @@ def test_map_above_the_kernel_size_uses_the_pytorch_code(monkeypatch: pytest.Mon
     fallback = _map(scores, lengths, True)
     assert calls, "the PyTorch backtrack was not used"
     torch.testing.assert_close(fallback, fused, rtol=0, atol=1e-12)
+
+
+@pytest.mark.usefixtures("built_kernels")
+def test_parallel_work_threshold() -> None:
+    """Small batches run as one chunk below the work threshold; the setter returns the old
+    value (the tests' small_chunks fixture sets it to 0)."""
+    module = kernels(torch.zeros(1, 2, 2))
+    before = module.set_parallel_work(123.0)
+    try:
+        assert module.set_parallel_work(before) == 123.0
+    finally:
+        module.set_parallel_work(before)
+    assert before == 1e5
 
 
 @pytest.mark.usefixtures("built_kernels")
@@ -208,7 +221,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
         assert kernels(scores) is None
 
 
-@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
@@ -243,7 +256,7 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol, equal_nan=True)
 
 
-@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("method", [0, 1, 2], ids=["auto", "gauss-jordan", "lapack"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])

@@ -875,7 +875,6 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
   for (int64_t i = 0; i < batch; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lp[a] > lp[b]; });
-  const int64_t count = static_cast<int64_t>(chunk_starts(batch).size()) - 1;
   std::vector<double> work;  // per unit
   double total = 0;
   for (int64_t first = 0; first < batch; first += unit) {
@@ -885,6 +884,7 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
     work.push_back(w);
     total += w;
   }
+  const int64_t count = static_cast<int64_t>(chunk_starts(batch, total).size()) - 1;
   std::vector<std::vector<int64_t>> items(count);
   double done = 0;
   int64_t c = 0;

@@ -291,11 +291,17 @@ Tensor marginals_backward_mixed(const Tensor& grad, const Tensor& weights, const
                                                       pick(marginals), multiroot, at::kDouble));
 }
 
+// about the multiply-adds of an inversion per item, B n^3, for chunk_starts
+double work(const Tensor& scores) {
+  const double n = static_cast<double>(scores.size(1) - 1);
+  return static_cast<double>(scores.size(0)) * n * n * n;
+}
+
 }  // namespace
 
 Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const Tensor& inverse,
                              bool multiroot, const c10::optional<Tensor>& scale) {
-  return chunked(chunk_starts(scores.size(0)), [&](int64_t, int64_t start, int64_t length) {
+  return chunked(chunk_starts(scores.size(0), work(scores)), [&](int64_t, int64_t start, int64_t length) {
     return marginals(scores.narrow(0, start, length), weights.narrow(0, start, length),
                      inverse.narrow(0, start, length), multiroot, narrow(scale, start, length));
   });
@@ -304,7 +310,7 @@ Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const 
 Tensor matrix_tree_marginals_backward(const Tensor& grad, const Tensor& weights,
                                       const Tensor& inverse, const Tensor& marginals,
                                       bool multiroot, const c10::optional<Tensor>& precise) {
-  return chunked(chunk_starts(grad.size(0)), [&](int64_t, int64_t start, int64_t length) {
+  return chunked(chunk_starts(grad.size(0), work(grad)), [&](int64_t, int64_t start, int64_t length) {
     return marginals_backward_mixed(
         grad.narrow(0, start, length), weights.narrow(0, start, length),
         inverse.narrow(0, start, length), marginals.narrow(0, start, length), multiroot,
@@ -320,7 +326,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool> matrix_tree_lu(
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
   TORCH_CHECK(method >= 0 && method <= 2, "method must be 0 (auto), 1 or 2");
   TORCH_CHECK(scores.device().is_cpu(), "matrix_tree_lu: CPU tensors only");
-  const std::vector<int64_t> starts = chunk_starts(scores.size(0));
+  const std::vector<int64_t> starts = chunk_starts(scores.size(0), work(scores));
   std::vector<std::vector<Tensor>> parts(starts.size() - 1);
   for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
     parts[i] = lu_path(scores.narrow(0, start, length), narrow(real, start, length), multiroot,
