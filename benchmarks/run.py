@@ -227,10 +227,14 @@ def machine_info() -> dict[str, Any]:
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
     lapack = re.search(r"LAPACK_INFO=(\w+)", config)
+    from structattn.structs import _extension
+
+    built = _extension.kernels(torch.zeros(1, 2, 2)) is not None  # builds them if needed
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "simd": simd_level(),
+        "kernels_loaded": built,
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "blas": blas.group(1) if blas else None,
@@ -772,7 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _say(
         f"# kernels' SIMD clone {m['simd']}, BLAS {m['blas']}, LAPACK {m['lapack']}, "
-        f"OMP_NUM_THREADS {m['omp_num_threads']}, STRUCTATTN_EXTENSION {m['kernels']}"
+        f"OMP_NUM_THREADS {m['omp_num_threads']}, STRUCTATTN_EXTENSION {m['kernels']}, "
+        f"C++ kernels {'loaded' if m['kernels_loaded'] else 'NOT loaded (PyTorch code timed)'}"
     )
     results = run(settings, args.json)
     if args.json:

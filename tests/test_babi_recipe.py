@@ -268,6 +268,8 @@ def test_fact_supervision_epochs_is_a_curriculum() -> None:
     assert [babi.fact_supervision_weight(first3, e) for e in (1, 3, 4, 100)] == [0.5, 0.5, 0, 0]
     with pytest.raises(ValueError, match="fact_supervision_epochs"):
         babi.BabiConfig(fact_supervision_epochs=-1)
+    with pytest.raises(ValueError, match="needs a `fact_supervision` weight"):
+        babi.BabiConfig(fact_supervision_epochs=3)  # would silently do nothing
 
 
 def test_fact_supervision_stops_after_its_epochs(

@@ -85,6 +85,106 @@ def test_depth_gated_with_closed_depth_gates_is_a_stacked_lstm() -> None:
     assert not torch.allclose(model(x, _state(2))[0], theirs)
 
 
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def test_gated_feedback_equals_its_equations() -> None:
+    """Two steps by the docstring's equations, one item and one unit of arithmetic at a
+    time (every gate active, random weights)."""
+    torch.manual_seed(3)
+    model = GatedFeedbackLSTM(INPUT, HIDDEN, LAYERS).double()
+    h = HIDDEN
+    x = torch.randn(1, 2, INPUT, dtype=torch.float64)
+    h0, c0 = (t[:, :1] for t in _state(1))
+    hs, cs = [h0[j, 0] for j in range(LAYERS)], [c0[j, 0] for j in range(LAYERS)]
+    expected = []
+    with torch.no_grad():
+        for t in range(2):
+            previous = list(hs)  # h_{t-1} of every layer
+            star = torch.cat(previous)  # h*_{t-1}
+            below = x[0, t]
+            for j in range(LAYERS):
+                w, b = model.inputs[j].weight, model.inputs[j].bias
+                u = model.recurrent[j].weight
+                gates = [
+                    _sigmoid(
+                        w[k * h : (k + 1) * h] @ below
+                        + b[k * h : (k + 1) * h]
+                        + u[k * h : (k + 1) * h] @ previous[j]
+                    )
+                    for k in range(3)
+                ]
+                cand = w[3 * h : 4 * h] @ below + b[3 * h : 4 * h]
+                for i in range(LAYERS):
+                    g = _sigmoid(
+                        w[4 * h + i] @ below
+                        + b[4 * h + i]
+                        + model.reset.weight[j * LAYERS + i] @ star
+                    )
+                    u_c = model.candidate[i, :, j * h : (j + 1) * h]  # [H (source), H]
+                    cand = cand + g * (previous[i] @ u_c)
+                cs[j] = gates[1] * cs[j] + gates[0] * torch.tanh(cand)
+                hs[j] = gates[2] * torch.tanh(cs[j])
+                below = hs[j]
+            expected.append(below)
+        ours, (h_last, c_last) = model(x, (h0, c0))
+    torch.testing.assert_close(ours[0], torch.stack(expected))
+    torch.testing.assert_close(c_last[:, 0], torch.stack(cs))
+
+
+def test_depth_gated_equals_its_equations() -> None:
+    """Two steps by the docstring's equations (depth gates active, random weights)."""
+    torch.manual_seed(4)
+    model = DepthGatedLSTM(INPUT, HIDDEN, LAYERS).double()
+    h = HIDDEN
+    x = torch.randn(1, 2, INPUT, dtype=torch.float64)
+    h0, c0 = (t[:, :1] for t in _state(1))
+    hs, cs = [h0[j, 0] for j in range(LAYERS)], [c0[j, 0] for j in range(LAYERS)]
+    expected = []
+    with torch.no_grad():
+        for t in range(2):
+            below_h, below_c = x[0, t], None
+            for j in range(LAYERS):
+                w, b = model.inputs[j].weight, model.inputs[j].bias
+                u = model.recurrent[j].weight
+                z = [
+                    w[k * h : (k + 1) * h] @ below_h
+                    + b[k * h : (k + 1) * h]
+                    + u[k * h : (k + 1) * h] @ hs[j]
+                    for k in range(4)
+                ]
+                i, f, o = (_sigmoid(v) for v in z[:3])
+                c = f * cs[j] + i * torch.tanh(z[3])
+                if below_c is not None:
+                    d = _sigmoid(
+                        w[4 * h :] @ below_h
+                        + b[4 * h :]
+                        + model.depth_cell[j - 1] * cs[j]
+                        + model.depth_below[j - 1] * below_c
+                    )
+                    c = c + d * below_c
+                cs[j], hs[j] = c, o * torch.tanh(c)
+                below_h, below_c = hs[j], cs[j]
+            expected.append(below_h)
+        ours, (h_last, c_last) = model(x, (h0, c0))
+    torch.testing.assert_close(ours[0], torch.stack(expected))
+    torch.testing.assert_close(c_last[:, 0], torch.stack(cs))
+
+
+@pytest.mark.parametrize("cls", [GatedFeedbackLSTM, DepthGatedLSTM])
+def test_bad_sizes_and_empty_windows(cls: type[nn.Module]) -> None:
+    with pytest.raises(ValueError, match="num_layers"):
+        cls(INPUT, HIDDEN, 0)
+    with pytest.raises(ValueError, match="hidden_size"):
+        cls(INPUT, 0, LAYERS)
+    model = cls(INPUT, HIDDEN, LAYERS).double()
+    with pytest.raises(ValueError, match=r"I = 4"):
+        model(torch.zeros(2, 3, INPUT + 1, dtype=torch.float64), _state(2))
+    out, state = model(torch.zeros(2, 0, INPUT, dtype=torch.float64), _state(2))
+    assert out.shape == (2, 0, HIDDEN) and torch.equal(state[0], _state(2)[0])
+
+
 @pytest.mark.parametrize("cls", [GatedFeedbackLSTM, DepthGatedLSTM])
 def test_windows_carry_the_state_and_gradients_flow(cls: type[nn.Module]) -> None:
     torch.manual_seed(0)

@@ -75,6 +75,13 @@ def test_kernels_equal_the_pytorch_code(
 
 
 _bt = dependency._eisner_backtrack
+_backtracks: list[int] = []
+
+
+def _counted(*args: object) -> Tensor:
+    """The PyTorch backtrack, counted in ``_backtracks``."""
+    _backtracks.append(1)
+    return _bt(*args)  # type: ignore[arg-type]
 
 
 def _map(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, Tensor]:
@@ -89,11 +96,14 @@ def _map(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, Tens
 @pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_map_kernel_equals_the_pytorch_code(multiroot: bool, dtype: torch.dtype) -> None:
+def test_map_kernel_equals_the_pytorch_code(
+    multiroot: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fused MAP kernel finds the same tree and score as the PyTorch max-inside pass and
     backtrack (lengths, -inf arcs, an item with no tree; one chunk and two; more items than
     one group of SIMD lanes)."""
     assert hasattr(kernels(torch.zeros(1)), "eisner_map")
+    monkeypatch.setattr(dependency, "_eisner_backtrack", _counted)
     for batch, size in [(1, 2), (3, 6), (7, 12), (19, 9)]:
         scores, lengths = _scores(batch, size, dtype, seed=batch + 100)
         if batch > 2:
@@ -101,9 +111,12 @@ def test_map_kernel_equals_the_pytorch_code(multiroot: bool, dtype: torch.dtype)
             lengths[2] = size
         with kernels_disabled():
             reference = _map(scores, lengths, multiroot)
+        assert _backtracks, "the reference did not run the PyTorch backtrack"
         for threads in (1, 2):
             torch.set_num_threads(threads)
+            _backtracks.clear()
             best, arcs = _map(scores, lengths, multiroot)
+            assert not _backtracks, "the kernel was not used"
             torch.testing.assert_close(best, reference[0], rtol=1e-6, atol=1e-6)
             if batch > 2:
                 assert torch.isneginf(best[2])
@@ -128,8 +141,8 @@ def test_map_above_the_kernel_size_uses_the_pytorch_code(monkeypatch: pytest.Mon
 
 @pytest.mark.usefixtures("built_kernels")
 def test_parallel_work_threshold() -> None:
-    """Small batches run as one chunk below the work threshold; the setter returns the old
-    value (the tests' small_chunks fixture sets it to 0)."""
+    """The work threshold's setter returns the previous value, the default is 1e5 (the tests'
+    small_chunks fixture sets it to 0 to split small batches)."""
     module = kernels(torch.zeros(1, 2, 2))
     before = module.set_parallel_work(123.0)
     try:

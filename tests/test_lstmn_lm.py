@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from structattn.models.language_model import LSTMNLanguageModel, RNNLanguageModel
+from structattn.nn import DepthGatedLSTM, GatedFeedbackLSTM
 from structattn.nn.lstmn import LSTMN, LSTMNCell, LSTMNState
 from structattn.recipes.lstmn_lm import MODELS, RECIPE, LSTMNLMConfig, _table, build_model
 
@@ -106,6 +107,9 @@ def test_config_models_and_table() -> None:
         assert depth == (3 if name.endswith("-3") else 1)
         logits, _ = model(torch.zeros(2, 3, dtype=torch.long), model.initial_state(2, "cpu"))  # type: ignore[operator]
         assert logits.shape == (2, 3, 30)
+        kinds = {"glstm-3": GatedFeedbackLSTM, "dlstm-3": DepthGatedLSTM}
+        if name in kinds:
+            assert isinstance(model.rnn, kinds[name])  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="memory_span"):
         LSTMNLMConfig(memory_span=0)
     with pytest.raises(ValueError, match="model"):

@@ -25,9 +25,17 @@ from torch import Tensor, nn
 __all__ = ["DepthGatedLSTM", "GatedFeedbackLSTM"]
 
 
-def _check(x: Tensor, state: tuple[Tensor, Tensor], layers: int, hidden: int) -> None:
-    if x.dim() != 3:
-        raise ValueError(f"`x` must be [B, T, I], got shape {tuple(x.shape)}")
+def _check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
+    for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"`num_layers` must be a positive int, got {num_layers!r}")
+
+
+def _check(x: Tensor, state: tuple[Tensor, Tensor], layers: int, size: int, hidden: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != size:
+        raise ValueError(f"`x` must be [B, T, I] with I = {size}, got shape {tuple(x.shape)}")
     if not isinstance(state, tuple) or len(state) != 2:
         raise ValueError("`state` must be a tuple (h, c), each [num_layers, B, H]")
     expected = (layers, x.shape[0], hidden)
@@ -63,6 +71,7 @@ class GatedFeedbackLSTM(nn.Module):
         self, input_size: int, hidden_size: int, num_layers: int = 3, dropout: float = 0.0
     ) -> None:
         super().__init__()
+        _check_sizes(input_size, hidden_size, num_layers)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         layers, h = num_layers, hidden_size
         # per layer: the input part of i, f, o (3H), of the candidate (H), of the L reset gates
@@ -81,8 +90,10 @@ class GatedFeedbackLSTM(nn.Module):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x`` [B, T, I], ``(h0, c0)`` [L, B, H] -> (outputs [B, T, H], (h, c))."""
         layers, hid = self.num_layers, self.hidden_size
-        _check(x, state, layers, hid)
+        _check(x, state, layers, self.input_size, hid)
         batch = x.shape[0]
+        if x.shape[1] == 0:  # an empty window: no outputs, the state unchanged
+            return x.new_zeros(batch, 0, hid), state
         first = self.inputs[0](x)  # [B, T, 4H + L]: layer 1's input part, every step at once
         h = list(state[0].unbind(0))
         c = list(state[1].unbind(0))
@@ -126,6 +137,7 @@ class DepthGatedLSTM(nn.Module):
         self, input_size: int, hidden_size: int, num_layers: int = 3, dropout: float = 0.0
     ) -> None:
         super().__init__()
+        _check_sizes(input_size, hidden_size, num_layers)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         h = hidden_size
         # per layer: the input part of i, f, o, g (4H) and, above layer 1, of the depth gate d
@@ -145,7 +157,9 @@ class DepthGatedLSTM(nn.Module):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x`` [B, T, I], ``(h0, c0)`` [L, B, H] -> (outputs [B, T, H], (h, c))."""
         hid = self.hidden_size
-        _check(x, state, self.num_layers, hid)
+        _check(x, state, self.num_layers, self.input_size, hid)
+        if x.shape[1] == 0:  # an empty window: no outputs, the state unchanged
+            return x.new_zeros(x.shape[0], 0, hid), state
         hs, cs = [], []
         below_h, below_c = x, None  # the layer below's hidden and memory cells, [B, T, H]
         for j in range(self.num_layers):

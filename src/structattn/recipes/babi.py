@@ -154,6 +154,8 @@ class BabiConfig:
             raise ValueError(
                 f"`fact_supervision_epochs` must be >= 0, got {self.fact_supervision_epochs}"
             )
+        if self.fact_supervision_epochs and not self.fact_supervision:
+            raise ValueError("`fact_supervision_epochs` needs a `fact_supervision` weight > 0")
         if self.tying not in TYINGS:
             raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
         if self.crf_query == "memory" and self.query_init == "identity":

@@ -118,11 +118,12 @@ def line_curves(
 
 
 def bar_axis_top(series: Sequence[Sequence[float | None]], ylabel: str) -> float:
-    """The y-axis top of :func:`grouped_bars`: 100 for percentages up to 100, else 10% above
-    the largest value (perplexities, BLEU) so that no bar or tick is cut off."""
+    """The y-axis top of :func:`grouped_bars`: 100 for percentages (a ``ylabel`` with "%")
+    up to 100, else 10% above the largest value (perplexities, BLEU) so that no bar or tick
+    is cut off."""
     values = [v for values in series for v in values if v is not None]
     largest = max(values, default=0.0)
-    if ylabel == "%" and largest <= 100:
+    if "%" in ylabel and largest <= 100:
         return 100.0
     return 1.1 * largest if largest > 0 else 1.0
 
