@@ -4,6 +4,8 @@ windows, and rejects bad shapes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -89,15 +91,22 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x))
 
 
-def test_gated_feedback_equals_its_equations() -> None:
-    """Two steps by the docstring's equations, one item and one unit of arithmetic at a
-    time (every gate active, random weights)."""
-    torch.manual_seed(3)
-    model = GatedFeedbackLSTM(INPUT, HIDDEN, LAYERS).double()
-    h = HIDDEN
+def _equation_setup(cls: type[nn.Module], seed: int) -> tuple[Any, ...]:
+    """A random double model, one item's 2-step input, its start state [L, 1, H] and the
+    same as per-layer vectors (what the by-hand references update)."""
+    torch.manual_seed(seed)
+    model = cls(INPUT, HIDDEN, LAYERS).double()
     x = torch.randn(1, 2, INPUT, dtype=torch.float64)
     h0, c0 = (t[:, :1] for t in _state(1))
     hs, cs = [h0[j, 0] for j in range(LAYERS)], [c0[j, 0] for j in range(LAYERS)]
+    return model, x, h0, c0, hs, cs
+
+
+def test_gated_feedback_equals_its_equations() -> None:
+    """Two steps by the docstring's equations, one item and one unit of arithmetic at a
+    time (every gate active, random weights)."""
+    model, x, h0, c0, hs, cs = _equation_setup(GatedFeedbackLSTM, 3)
+    h = HIDDEN
     expected = []
     with torch.no_grad():
         for t in range(2):
@@ -135,12 +144,8 @@ def test_gated_feedback_equals_its_equations() -> None:
 
 def test_depth_gated_equals_its_equations() -> None:
     """Two steps by the docstring's equations (depth gates active, random weights)."""
-    torch.manual_seed(4)
-    model = DepthGatedLSTM(INPUT, HIDDEN, LAYERS).double()
+    model, x, h0, c0, hs, cs = _equation_setup(DepthGatedLSTM, 4)
     h = HIDDEN
-    x = torch.randn(1, 2, INPUT, dtype=torch.float64)
-    h0, c0 = (t[:, :1] for t in _state(1))
-    hs, cs = [h0[j, 0] for j in range(LAYERS)], [c0[j, 0] for j in range(LAYERS)]
     expected = []
     with torch.no_grad():
         for t in range(2):

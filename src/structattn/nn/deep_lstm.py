@@ -51,7 +51,30 @@ def _init_uniform(module: nn.Module, hidden: int) -> None:
         nn.init.uniform_(p, -bound, bound)
 
 
-class GatedFeedbackLSTM(nn.Module):
+class _DeepLSTM(nn.Module):
+    """What both multi-layer LSTMs share: sizes (checked), dropout between layers, the input
+    and state checks of ``forward``."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int, dropout: float) -> None:
+        super().__init__()
+        _check_sizes(input_size, hidden_size, num_layers)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, state: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``x`` [B, T, I], ``(h0, c0)`` [L, B, H] -> (outputs [B, T, H], (h, c))."""
+        _check(x, state, self.num_layers, self.input_size, self.hidden_size)
+        if x.shape[1] == 0:  # an empty window: no outputs, the state unchanged
+            return x.new_zeros(x.shape[0], 0, self.hidden_size), state
+        return self._run(x, state)
+
+    def _run(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        raise NotImplementedError
+
+
+class GatedFeedbackLSTM(_DeepLSTM):
     """Gated-feedback LSTM (Chung et al. 2015, sec. 3): every layer's cell candidate reads
     the previous hidden states of *all* layers, each through a global reset gate.
 
@@ -70,9 +93,7 @@ class GatedFeedbackLSTM(nn.Module):
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 3, dropout: float = 0.0
     ) -> None:
-        super().__init__()
-        _check_sizes(input_size, hidden_size, num_layers)
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        super().__init__(input_size, hidden_size, num_layers, dropout)
         layers, h = num_layers, hidden_size
         # per layer: the input part of i, f, o (3H), of the candidate (H), of the L reset gates
         self.inputs = nn.ModuleList(
@@ -82,18 +103,11 @@ class GatedFeedbackLSTM(nn.Module):
         # U_c^{i->j}: [source i, H, (target j, H)]; u_g^{i->j}: h* -> [(target j, source i)]
         self.candidate = nn.Parameter(torch.empty(layers, h, layers * h))
         self.reset = nn.Linear(layers * h, layers * layers, bias=False)
-        self.dropout = nn.Dropout(dropout)
         _init_uniform(self, h)
 
-    def forward(
-        self, x: Tensor, state: tuple[Tensor, Tensor]
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """``x`` [B, T, I], ``(h0, c0)`` [L, B, H] -> (outputs [B, T, H], (h, c))."""
+    def _run(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         layers, hid = self.num_layers, self.hidden_size
-        _check(x, state, layers, self.input_size, hid)
         batch = x.shape[0]
-        if x.shape[1] == 0:  # an empty window: no outputs, the state unchanged
-            return x.new_zeros(batch, 0, hid), state
         first = self.inputs[0](x)  # [B, T, 4H + L]: layer 1's input part, every step at once
         h = list(state[0].unbind(0))
         c = list(state[1].unbind(0))
@@ -120,7 +134,7 @@ class GatedFeedbackLSTM(nn.Module):
         return torch.stack(outputs, 1), (torch.stack(h), torch.stack(c))
 
 
-class DepthGatedLSTM(nn.Module):
+class DepthGatedLSTM(_DeepLSTM):
     """Depth-gated LSTM (Yao et al. 2015): a depth gate adds the memory cell of the layer
     below, at the same step, to each layer's memory cell.
 
@@ -136,9 +150,7 @@ class DepthGatedLSTM(nn.Module):
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 3, dropout: float = 0.0
     ) -> None:
-        super().__init__()
-        _check_sizes(input_size, hidden_size, num_layers)
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        super().__init__(input_size, hidden_size, num_layers, dropout)
         h = hidden_size
         # per layer: the input part of i, f, o, g (4H) and, above layer 1, of the depth gate d
         self.inputs = nn.ModuleList(
@@ -149,17 +161,10 @@ class DepthGatedLSTM(nn.Module):
         # w_cd, w_ld of layers 2..L (diagonal: one weight per unit)
         self.depth_cell = nn.Parameter(torch.empty(max(num_layers - 1, 0), h))
         self.depth_below = nn.Parameter(torch.empty(max(num_layers - 1, 0), h))
-        self.dropout = nn.Dropout(dropout)
         _init_uniform(self, h)
 
-    def forward(
-        self, x: Tensor, state: tuple[Tensor, Tensor]
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """``x`` [B, T, I], ``(h0, c0)`` [L, B, H] -> (outputs [B, T, H], (h, c))."""
+    def _run(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         hid = self.hidden_size
-        _check(x, state, self.num_layers, self.input_size, hid)
-        if x.shape[1] == 0:  # an empty window: no outputs, the state unchanged
-            return x.new_zeros(x.shape[0], 0, hid), state
         hs, cs = [], []
         below_h, below_c = x, None  # the layer below's hidden and memory cells, [B, T, H]
         for j in range(self.num_layers):
