@@ -207,17 +207,13 @@ class Results:
 
 # ---- environment ---------------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, torch version and threads, peer versions."""
+    """CPU model and SIMD level, cores, torch version and threads, BLAS / LAPACK, whether
+    the C++ kernels loaded, peer versions."""
     from importlib import metadata
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from structattn.structs import _extension
+
+    cpu = _cpuinfo_field("model name") or platform.processor() or "unknown"
     versions: dict[str, str | None] = {}
     for dist in ("torch", "structattn", "torch-struct", "supar", "pytorch-crf"):
         try:
@@ -227,8 +223,6 @@ def machine_info() -> dict[str, Any]:
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
     lapack = re.search(r"LAPACK_INFO=(\w+)", config)
-    from structattn.structs import _extension
-
     built = _extension.kernels(torch.zeros(1, 2, 2)) is not None  # builds them if needed
     return {
         "cpu": cpu,
@@ -239,7 +233,7 @@ def machine_info() -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "blas": blas.group(1) if blas else None,
         "lapack": lapack.group(1) if lapack else None,
-        "kernels": os.environ.get("STRUCTATTN_EXTENSION", "1"),
+        "kernels": _extension._mode(),  # STRUCTATTN_EXTENSION: on, off or require
         "python": platform.python_version(),
         "versions": versions,
     }
@@ -252,19 +246,22 @@ _LEVELS = {
 }
 
 
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name`` line's value in /proc/cpuinfo (None where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def simd_level() -> str:
     """The SIMD clone of the C++ kernels this CPU gets (from its /proc/cpuinfo flags): the
     kernels are compiled for x86-64-v4, x86-64-v3 and baseline x86-64 and the loader picks
     the highest the CPU supports, so two machines of different levels time different code."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = set((_cpuinfo_field("flags") or "").split())
     for level, needed in _LEVELS.items():
         if flags.issuperset(needed):
             return level

@@ -550,6 +550,17 @@ struct Group {
 
 enum Kind : int64_t { kCR = 0, kCL = 1, kIR = 2, kIL = 3, kInner = 4 };
 
+// The group of items[first .. first + kTrees) (longest first; ``lp``: every item's last
+// position): its items, span and lanes' last positions, charts not yet allocated.
+Group make_group(const std::vector<int64_t>& items, size_t first, const int64_t* lp) {
+  Group g;
+  g.items.assign(items.begin() + first, items.begin() + std::min(items.size(), first + kTrees));
+  g.span = lp[g.items[0]] + 1;
+  g.last = splat(static_cast<double>(g.span - 1));
+  for (size_t l = 0; l < g.items.size(); ++l) g.last[l] = static_cast<double>(lp[g.items[l]]);
+  return g;
+}
+
 // log(x) for x = 0 (-inf) or x >= 1 (a sum of exps whose largest is 1): x = 2^k m with
 // m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172, by its
 // series to f^23 (relative error below 1e-17 + rounding).
@@ -909,7 +920,7 @@ Tensor index_tensor(const std::vector<int64_t>& items) {
 // passes and HVPs, from any thread, may use it).
 struct EisnerState {
   std::vector<Chunk> chunks;
-  std::vector<int64_t> starts;  // one chunk per thread: chunk i of for_chunks(starts, ...)
+  int64_t count = 0;  // chunks, one per thread (for_each_chunk)
 #ifdef STRUCTATTN_FUSED_EISNER
   std::vector<std::vector<Group>> fused;  // per chunk (fused path; chunks is then empty)
   Tensor logz;                            // [B] (fused path)
@@ -951,7 +962,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   auto state = std::make_shared<EisnerState>();
   const std::vector<std::vector<int64_t>> items = chunk_items(last, fused ? kFusedUnit : 1);
   const int64_t count = static_cast<int64_t>(items.size());
-  for (int64_t i = 0; i <= count; ++i) state->starts.push_back(i);
+  state->count = count;
   const Tensor arcs = arc_scores.contiguous();
   const int64_t size = arcs.size(1);
 #ifdef STRUCTATTN_FUSED_EISNER
@@ -964,15 +975,10 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
     double* zp = logz.data_ptr<double>();
     const Tensor arcs_d = arcs.to(at::kDouble).contiguous();
     const double* ap = arcs_d.data_ptr<double>();
-    for_chunks(state->starts, [&](int64_t i, int64_t, int64_t) {
+    for_each_chunk(count, [&](int64_t i) {
       const std::vector<int64_t>& mine = items[i];
       for (size_t first = 0; first < mine.size(); first += kTrees) {
-        Group g;
-        g.items.assign(mine.begin() + first,
-                       mine.begin() + std::min(mine.size(), first + kTrees));
-        g.span = lp[g.items[0]] + 1;  // the longest item comes first
-        g.last = splat(static_cast<double>(g.span - 1));
-        for (size_t l = 0; l < g.items.size(); ++l) g.last[l] = static_cast<double>(lp[g.items[l]]);
+        Group g = make_group(mine, first, lp);
         const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
         fused_inside(g, a.data(), size, multiroot);
         for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
@@ -996,7 +1002,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
     c.last = c.take(last);
     c.active = active_counts(c.last, size);
   }
-  for_chunks(state->starts, [&](int64_t i, int64_t, int64_t) {
+  for_each_chunk(count, [&](int64_t i) {
     Chunk& c = state->chunks[i];
     inside(c, c.take(arcs), keep_weights);
   });
@@ -1018,7 +1024,7 @@ Tensor eisner_log_partition(const EisnerState& state) {
 // seed[b] * marginals [B, N, N], and (if keep) the outside charts for eisner_hvp
 std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState& state,
                                                                const Tensor& seed, bool keep) {
-  const int64_t count = static_cast<int64_t>(state.starts.size()) - 1;
+  const int64_t count = state.count;
   std::shared_ptr<EisnerOutside> kept;
   if (keep) kept = std::make_shared<EisnerOutside>();
 #ifdef STRUCTATTN_FUSED_EISNER
@@ -1029,7 +1035,7 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
     const double* sp = seeds.data_ptr<double>();
     Tensor out = at::zeros({seed.size(0), size, size}, seed.options().dtype(at::kDouble));
     double* op = out.data_ptr<double>();
-    for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+    for_each_chunk(state.count, [&](int64_t i) {
       for (const Group& g : state.fused[i]) {
         Buffer grad = std::move(Buffer(4 * nn).zero());
         for (size_t l = 0; l < g.items.size(); ++l)  // d log Z / d CR(0, last) = 1
@@ -1044,7 +1050,7 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
 #endif
   if (keep) kept->chunks.resize(count);
   std::vector<Tensor> parts(count);
-  for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+  for_each_chunk(state.count, [&](int64_t i) {
     const Chunk& c = state.chunks[i];
     parts[i] = outside(c, c.take(seed), keep ? &kept->chunks[i] : nullptr);
   });
@@ -1072,7 +1078,7 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
     double* op = out.data_ptr<double>();
     const Tensor dirs_d = dirs.to(at::kDouble).contiguous();
     const double* dp = dirs_d.data_ptr<double>();
-    for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+    for_each_chunk(state.count, [&](int64_t i) {
       const std::vector<Group>& groups = state.fused[i];
       Buffer tan = std::move(Buffer(5 * nn).zero()), d_grad(4 * nn);  // tan: its diagonal stays 0
       for (size_t k = 0; k < groups.size(); ++k) {
@@ -1090,7 +1096,7 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   TORCH_CHECK(static_cast<int64_t>(outside_charts.chunks.size()) == count,
               "eisner_hvp: the outside charts come from another batch");
   std::vector<Tensor> parts(count);
-  for_chunks(state.starts, [&](int64_t i, int64_t, int64_t) {
+  for_each_chunk(state.count, [&](int64_t i) {
     const Chunk& c = state.chunks[i];
     parts[i] = hvp(c, outside_charts.chunks[i], c.take(dirs));
   });
@@ -1114,22 +1120,16 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
   double* zp = score.data_ptr<double>();
   int64_t* hp = heads.data_ptr<int64_t>();
   const std::vector<std::vector<int64_t>> items = chunk_items(ends, kTrees);
-  std::vector<int64_t> starts;
-  for (size_t i = 0; i <= items.size(); ++i) starts.push_back(static_cast<int64_t>(i));
-  for_chunks(starts, [&](int64_t i, int64_t, int64_t) {
+  for_each_chunk(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const std::vector<int64_t>& mine = items[i];
     if (mine.empty()) return;
     Buffer chart(4 * nn), best(3 * nn);
     for (size_t first = 0; first < mine.size(); first += kTrees) {
-      const std::vector<int64_t> group(mine.begin() + first,
-                                       mine.begin() + std::min(mine.size(), first + kTrees));
-      const int64_t span = lp[group[0]] + 1;  // the longest item comes first
-      Vec ends_lanes = splat(static_cast<double>(span - 1));
-      for (size_t l = 0; l < group.size(); ++l) ends_lanes[l] = static_cast<double>(lp[group[l]]);
-      const std::vector<Vec> a = to_lanes(ap, group, nn);
-      fused_max(chart.get(), best.get(), a.data(), ends_lanes, size, span, multiroot);
-      for (size_t l = 0; l < group.size(); ++l) {
-        const int64_t item = group[l], end = lp[item];
+      const Group g = make_group(mine, first, lp);  // its charts: this chunk's buffers
+      const std::vector<Vec> a = to_lanes(ap, g.items, nn);
+      fused_max(chart.get(), best.get(), a.data(), g.last, size, g.span, multiroot);
+      for (size_t l = 0; l < g.items.size(); ++l) {
+        const int64_t item = g.items[l], end = lp[item];
         zp[item] = chart[kCR * nn + end][l];  // CR(0, last)
         fused_backtrack(best.get(), size, static_cast<int64_t>(l), end, hp + item * size);
       }

@@ -36,15 +36,21 @@ inline std::vector<int64_t> chunk_starts(int64_t batch, double work = -1.0) {
   return starts;
 }
 
+// fn(i) for every chunk i in 0 .. count, in parallel, without recording gradients.
+template <typename F>
+void for_each_chunk(int64_t count, const F& fn) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
 // fn(i, start, length) for every chunk i (the batch items start .. start + length), in
 // parallel, without recording gradients.
 template <typename F>
 void for_chunks(const std::vector<int64_t>& starts, const F& fn) {
-  const int64_t count = static_cast<int64_t>(starts.size()) - 1;
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    at::NoGradGuard no_grad;
-    for (int64_t i = begin; i < end; ++i) fn(i, starts[i], starts[i + 1] - starts[i]);
-  });
+  for_each_chunk(static_cast<int64_t>(starts.size()) - 1,
+                 [&](int64_t i) { fn(i, starts[i], starts[i + 1] - starts[i]); });
 }
 
 inline at::Tensor cat_chunks(const std::vector<at::Tensor>& parts) {

@@ -301,7 +301,8 @@ double work(const Tensor& scores) {
 
 Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const Tensor& inverse,
                              bool multiroot, const c10::optional<Tensor>& scale) {
-  return chunked(chunk_starts(scores.size(0), work(scores)), [&](int64_t, int64_t start, int64_t length) {
+  const std::vector<int64_t> starts = chunk_starts(scores.size(0), work(scores));
+  return chunked(starts, [&](int64_t, int64_t start, int64_t length) {
     return marginals(scores.narrow(0, start, length), weights.narrow(0, start, length),
                      inverse.narrow(0, start, length), multiroot, narrow(scale, start, length));
   });
@@ -310,7 +311,8 @@ Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const 
 Tensor matrix_tree_marginals_backward(const Tensor& grad, const Tensor& weights,
                                       const Tensor& inverse, const Tensor& marginals,
                                       bool multiroot, const c10::optional<Tensor>& precise) {
-  return chunked(chunk_starts(grad.size(0), work(grad)), [&](int64_t, int64_t start, int64_t length) {
+  const std::vector<int64_t> starts = chunk_starts(grad.size(0), work(grad));
+  return chunked(starts, [&](int64_t, int64_t start, int64_t length) {
     return marginals_backward_mixed(
         grad.narrow(0, start, length), weights.narrow(0, start, length),
         inverse.narrow(0, start, length), marginals.narrow(0, start, length), multiroot,
