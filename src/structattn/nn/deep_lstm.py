@@ -159,8 +159,8 @@ class DepthGatedLSTM(_DeepLSTM):
         )
         self.recurrent = nn.ModuleList(nn.Linear(h, 4 * h, bias=False) for _ in range(num_layers))
         # w_cd, w_ld of layers 2..L (diagonal: one weight per unit)
-        self.depth_cell = nn.Parameter(torch.empty(max(num_layers - 1, 0), h))
-        self.depth_below = nn.Parameter(torch.empty(max(num_layers - 1, 0), h))
+        self.depth_cell = nn.Parameter(torch.empty(num_layers - 1, h))
+        self.depth_below = nn.Parameter(torch.empty(num_layers - 1, h))
         _init_uniform(self, h)
 
     def _run(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
