@@ -244,7 +244,8 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
 ) -> None:
     """Non-projective log Z, marginals and the backward of a loss on the marginals agree
     (lengths, -inf arcs, an item without a tree on the exact fallback), with one and two
-    chunks."""
+    chunks, below and above kFusedWords (one loop for the weights and the marginals, or
+    ATen ops)."""
     from structattn import NonProjectiveDependencyCRF
 
     def passes(scores: Tensor, lengths: Tensor) -> tuple[Tensor, ...]:
@@ -255,7 +256,7 @@ def test_matrix_tree_kernels_equal_the_pytorch_code(
         (grad,) = torch.autograd.grad((marginals * weights.to(dtype)).sum() + logz.sum(), x)
         return logz.detach(), marginals.detach(), grad
 
-    for batch, size in [(1, 2), (3, 6), (7, 12)]:
+    for batch, size in [(1, 2), (3, 6), (7, 12), (4, 33), (3, 34)]:
         scores, lengths = _scores(batch, size, dtype, seed=batch + 10)
         if batch > 2:
             scores[2, :, 3] = float("-inf")  # word 3 has no head: no tree
@@ -320,6 +321,30 @@ def test_matrix_tree_inversions_equal_the_pytorch_code(
         torch.set_num_threads(threads)
     with pytest.raises(RuntimeError, match="method"):
         module.matrix_tree_lu(scores, None, multiroot, 1e7, True, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_matrix_tree_weights_of_nan_and_inf_scores(dtype: torch.dtype) -> None:
+    """The kernels' one-loop weights (few words) treat NaN, +inf and a word with no arc as
+    the ATen ops of the PyTorch code do (amax, then nan_to_num of the column shifts): the
+    same weights, NaN included, and the same log-determinant shifts for the finite items."""
+    from structattn.structs.nonprojective import _lu_operations
+
+    module = kernels(torch.zeros(1, dtype=dtype))
+    assert module is not None
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, 6, 6, generator=gen).to(dtype)
+    scores[0, 2, 3] = float("nan")
+    scores[1, 1, 2] = float("inf")
+    scores[2, :, 4] = float("-inf")  # word 4 has no head
+    real = torch.arange(6) < torch.tensor([6, 6, 6, 4])[:, None]
+    for multiroot, mask in itertools.product((True, False), (None, real)):
+        want = _lu_operations(scores, mask, multiroot, 1e7, True)
+        got = module.matrix_tree_lu(scores, mask, multiroot, 1e7, True)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=0, equal_nan=True)
+        assert got[3].tolist() == want[3].tolist()
+        keep = want[3]
+        torch.testing.assert_close(got[0][keep], want[0][keep], rtol=1e-12, atol=1e-12)
 
 
 def test_slow_build_is_announced(
