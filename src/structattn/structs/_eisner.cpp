@@ -251,9 +251,24 @@ struct Chunk {
   Tensor index;       // [B] the chunk's batch items, longest first
   int64_t first = -1;  // when they are first, first + 1, ...: first (views, no copies)
 
+  int64_t size = 0;  // positions of its longest item: its charts are [B, 6, size, size]
+
   // the chunk's rows of a batch tensor x [B, ...]
   Tensor take(const Tensor& x) const {
     return first >= 0 ? x.narrow(0, first, index.size(0)) : x.index_select(0, index);
+  }
+  // the chunk's rows of x [B, N, N] cut to [k, size, size] (contiguous)
+  Tensor take_square(const Tensor& x) const {
+    const Tensor rows = take(x);
+    if (rows.size(1) == size) return rows;
+    return rows.narrow(1, 0, size).narrow(2, 0, size).contiguous();
+  }
+  // a chunk result [k, size, size] as [k, N, N] (zeros beyond the chunk's positions)
+  Tensor pad_square(const Tensor& x, int64_t full) const {
+    if (x.size(1) == full) return x;
+    Tensor out = at::zeros({x.size(0), full, full}, x.options());
+    out.narrow(1, 0, size).narrow(2, 0, size).copy_(x);
+    return out;
   }
   Tensor chart;  // [B, 6, N, N]
   Tensor inner;  // [B, N, N] (empty when the weights are kept)
@@ -876,8 +891,11 @@ constexpr int64_t kFusedUnit = 1;
 // The batch items of each chunk (one chunk per thread), longest first: the items sorted by
 // length (longest first, stable), taken in units of ``unit`` consecutive items (the fused
 // path's groups of kTrees; 1 for the ATen path), and the units cut into consecutive blocks
-// of about equal work (the sum of length^3): each chunk's items, and its groups, then have
-// similar lengths, and a batch of equal lengths is cut into the usual contiguous ranges.
+// so that the costliest chunk costs least. A fused group costs its longest item's length^3
+// (its lanes run together), so a fused chunk costs the sum over its groups; an ATen chunk
+// runs every item over its longest item's charts, so it costs items x that length^3. Each
+// chunk's items, and its groups, then have similar lengths, and a batch of equal lengths is
+// cut into the usual contiguous ranges of equal size.
 std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) {
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t batch = ends.size(0);
@@ -886,26 +904,49 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
   for (int64_t i = 0; i < batch; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lp[a] > lp[b]; });
-  std::vector<double> work;  // per unit
-  double total = 0;
-  for (int64_t first = 0; first < batch; first += unit) {
-    double w = 0;
-    for (int64_t i = first; i < std::min(batch, first + unit); ++i)
-      w += std::pow(static_cast<double>(lp[order[i]] + 1), 3);
-    work.push_back(w);
-    total += w;
-  }
+  double total = 0;  // the work of the batch's items (chunk_starts: one chunk if small)
+  for (int64_t i = 0; i < batch; ++i) total += std::pow(static_cast<double>(lp[i] + 1), 3);
   const int64_t count = static_cast<int64_t>(chunk_starts(batch, total).size()) - 1;
-  std::vector<std::vector<int64_t>> items(count);
-  double done = 0;
-  int64_t c = 0;
-  for (size_t u = 0; u < work.size(); ++u) {
-    // the next chunk when this unit would take this one further past its share than short
-    const double share = total * static_cast<double>(c + 1) / static_cast<double>(count);
-    if (c + 1 < count && !items[c].empty() && done + work[u] / 2 > share) ++c;
-    const int64_t first = static_cast<int64_t>(u) * unit;
-    for (int64_t i = first; i < std::min(batch, first + unit); ++i) items[c].push_back(order[i]);
-    done += work[u];
+  const int64_t units = (batch + unit - 1) / unit;
+  std::vector<double> cube(units);  // per unit: its longest item's length^3
+  for (int64_t u = 0; u < units; ++u)
+    cube[u] = std::pow(static_cast<double>(lp[order[u * unit]] + 1), 3);
+  // the first unit of each chunk when no chunk may cost more than ``limit``
+  const auto cut = [&](double limit) {
+    std::vector<int64_t> firsts;
+    double cost = 0;
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t a = firsts.empty() ? 0 : firsts.back();
+      const double more = unit > 1 ? cost + cube[u] : static_cast<double>(u - a + 1) * cube[a];
+      if (firsts.empty() || more > limit) {
+        firsts.push_back(u);
+        cost = cube[u];
+      } else {
+        cost = more;
+      }
+    }
+    return firsts;
+  };
+  double high = 0;  // the whole batch in one chunk
+  for (int64_t u = 0; u < units; ++u) high += unit > 1 ? cube[u] : cube[0];
+  double low = units > 0 ? cube[0] : 0.0;  // no chunk costs less than its costliest unit
+  std::vector<int64_t> firsts = cut(high);
+  if (count > 1) {
+    for (int iter = 0; iter < 64 && high - low > 0.5; ++iter) {  // the least feasible limit
+      const double mid = (low + high) / 2;
+      if (static_cast<int64_t>(cut(mid).size()) <= count) {
+        high = mid;
+      } else {
+        low = mid;
+      }
+    }
+    firsts = cut(high);
+  }
+  std::vector<std::vector<int64_t>> items(std::max<size_t>(firsts.size(), 1));
+  for (size_t c = 0; c < firsts.size(); ++c) {
+    const int64_t from = firsts[c] * unit;
+    const int64_t to = c + 1 < firsts.size() ? firsts[c + 1] * unit : batch;
+    for (int64_t i = from; i < to; ++i) items[c].push_back(order[i]);
   }
   return items;
 }
@@ -920,7 +961,8 @@ Tensor index_tensor(const std::vector<int64_t>& items) {
 // passes and HVPs, from any thread, may use it).
 struct EisnerState {
   std::vector<Chunk> chunks;
-  int64_t count = 0;  // chunks, one per thread (for_each_chunk)
+  int64_t count = 0;      // chunks, one per thread (for_each_chunk)
+  int64_t size_full = 0;  // N of the batch (ATen path: a chunk's charts may be smaller)
 #ifdef STRUCTATTN_FUSED_EISNER
   std::vector<std::vector<Group>> fused;  // per chunk (fused path; chunks is then empty)
   Tensor logz;                            // [B] (fused path)
@@ -991,6 +1033,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   }
 #endif
   state->chunks.resize(count);
+  state->size_full = size;
   for (int64_t i = 0; i < count; ++i) {
     Chunk& c = state->chunks[i];
     c.multiroot = multiroot;
@@ -1000,11 +1043,14 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
       consecutive = consecutive && items[i][j] == items[i][0] + static_cast<int64_t>(j);
     c.first = consecutive ? items[i][0] : -1;
     c.last = c.take(last);
-    c.active = active_counts(c.last, size);
+    // the chunk's charts end at its longest item (items sorted longest first), so that
+    // the chunks of shorter items skip the span starts beyond their ends
+    c.size = items[i].empty() ? size : std::min(size, c.last[0].item<int64_t>() + 1);
+    c.active = active_counts(c.last, c.size);
   }
   for_each_chunk(count, [&](int64_t i) {
     Chunk& c = state->chunks[i];
-    inside(c, c.take(arcs), keep_weights);
+    inside(c, c.take_square(arcs), keep_weights);
   });
   return state;
 }
@@ -1052,7 +1098,8 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
   std::vector<Tensor> parts(count);
   for_each_chunk(state.count, [&](int64_t i) {
     const Chunk& c = state.chunks[i];
-    parts[i] = outside(c, c.take(seed), keep ? &kept->chunks[i] : nullptr);
+    parts[i] = c.pad_square(outside(c, c.take(seed), keep ? &kept->chunks[i] : nullptr),
+                            state.size_full);
   });
   return {state.in_batch_order(parts), kept};
 }
@@ -1098,7 +1145,8 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   std::vector<Tensor> parts(count);
   for_each_chunk(state.count, [&](int64_t i) {
     const Chunk& c = state.chunks[i];
-    parts[i] = hvp(c, outside_charts.chunks[i], c.take(dirs));
+    parts[i] = c.pad_square(hvp(c, outside_charts.chunks[i], c.take_square(dirs)),
+                            state.size_full);
   });
   return state.in_batch_order(parts);
 }
