@@ -345,6 +345,13 @@ def test_matrix_tree_weights_of_nan_and_inf_scores(dtype: torch.dtype) -> None:
         assert got[3].tolist() == want[3].tolist()
         keep = want[3]
         torch.testing.assert_close(got[0][keep], want[0][keep], rtol=1e-12, atol=1e-12)
+    for bad in (
+        torch.ones(4, 7, dtype=torch.bool),
+        torch.ones(4, 5, dtype=torch.bool),
+        real.long(),
+    ):
+        with pytest.raises(RuntimeError, match="bool mask"):
+            module.matrix_tree_lu(scores, bad, True, 1e7, True)
 
 
 def test_slow_build_is_announced(

@@ -270,8 +270,8 @@ struct Chunk {
     out.narrow(1, 0, size).narrow(2, 0, size).copy_(x);
     return out;
   }
-  Tensor chart;  // [B, 6, N, N]
-  Tensor inner;  // [B, N, N] (empty when the weights are kept)
+  Tensor chart;  // [B, 6, size, size]
+  Tensor inner;  // [B, size, size] (empty when the weights are kept)
   Tensor last;   // [B]
   std::vector<int64_t> active;  // per width: the number of items at least that long
   bool multiroot = true;
@@ -893,9 +893,14 @@ constexpr int64_t kFusedUnit = 1;
 // path's groups of kTrees; 1 for the ATen path), and the units cut into consecutive blocks
 // so that the costliest chunk costs least. A fused group costs its longest item's length^3
 // (its lanes run together), so a fused chunk costs the sum over its groups; an ATen chunk
-// runs every item over its longest item's charts, so it costs items x that length^3. Each
-// chunk's items, and its groups, then have similar lengths, and a batch of equal lengths is
-// cut into the usual contiguous ranges of equal size.
+// runs every item over its longest item's charts, so it costs items x that length^3 (an
+// upper bound: the items shorter than the first skip their finished widths). Each chunk's
+// items, and its groups, then have similar lengths; a batch of equal lengths is cut into
+// contiguous ranges of equal size (or fewer ranges than threads when that leaves the
+// largest the same, e.g. 5 items on 4 threads: 2 + 2 + 1). Scores beyond an item's length
+// are not read when its chunk's charts are cut shorter (nor in the fused path): NaN or inf
+// there reaches its marginals or not depending on the chunking; the distributions mask the
+// padding before they call.
 std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) {
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t batch = ends.size(0);

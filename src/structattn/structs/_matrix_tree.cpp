@@ -441,6 +441,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool> matrix_tree_lu(
   TORCH_CHECK(scores.dim() == 3 && scores.size(1) == scores.size(2), "scores must be [B, N, N]");
   TORCH_CHECK(method >= 0 && method <= 2, "method must be 0 (auto), 1 or 2");
   TORCH_CHECK(scores.device().is_cpu(), "matrix_tree_lu: CPU tensors only");
+  TORCH_CHECK(!real || (real->scalar_type() == at::kBool && real->dim() == 2 &&
+                        real->size(0) == scores.size(0) && real->size(1) == scores.size(1)),
+              "real must be a bool mask [B, N] like the scores' first two dimensions");
   const std::vector<int64_t> starts = chunk_starts(scores.size(0), work(scores));
   std::vector<std::vector<Tensor>> parts(starts.size() - 1);
   for_chunks(starts, [&](int64_t i, int64_t start, int64_t length) {
