@@ -354,6 +354,53 @@ def test_matrix_tree_weights_of_nan_and_inf_scores(dtype: torch.dtype) -> None:
             module.matrix_tree_lu(scores, bad, True, 1e7, True)
 
 
+@pytest.mark.usefixtures("small_chunks")
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_max_arborescence_kernel_equals_the_pytorch_code(
+    multiroot: bool, dtype: torch.dtype
+) -> None:
+    """Chu-Liu-Edmonds per item in C++ finds the PyTorch code's trees (float64: the same
+    heads; float32: the same scores), with lengths, -inf arcs (also ones that leave no tree),
+    one-word items, heavy cycles (arcs i <-> i+1 far above the rest), 1 and 2 chunks."""
+    from structattn.structs import nonprojective
+
+    def score(scores: Tensor, heads: Tensor) -> Tensor:
+        return nonprojective._heads_score(scores.double(), heads)
+
+    gen = torch.Generator().manual_seed(7)
+    for batch, size in [(1, 2), (5, 4), (9, 7), (20, 12), (6, 30)]:
+        scores = (torch.randn(batch, size, size, generator=gen) * 2).to(dtype)
+        scores[scores > 2.5] = float("-inf")  # forbidden arcs
+        if batch > 2:
+            index = torch.arange(1, size - 1)
+            scores[1, index, index + 1] = scores[1, index + 1, index] = 20.0  # cycles
+            scores[2, :, 1] = float("-inf")  # word 1 has no head: no tree
+        lengths = torch.randint(2, size + 1, (batch,), generator=gen)
+        lengths[0] = size
+        for lens in (None, lengths):
+            with kernels_disabled():
+                want = nonprojective.chu_liu_edmonds(scores, lens, multiroot)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = nonprojective.chu_liu_edmonds(scores, lens, multiroot)
+                assert ((got == -1).all(1) == (want == -1).all(1)).all()
+                if dtype == torch.float64:
+                    assert got.tolist() == want.tolist()
+                else:
+                    ok = ~(want == -1).all(1)
+                    torch.testing.assert_close(
+                        score(scores, got)[ok], score(scores, want)[ok], rtol=1e-6, atol=1e-5
+                    )
+    module = kernels(torch.zeros(1))
+    assert module is not None
+    rank = torch.zeros(2, 3, 3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="lengths"):
+        module.max_arborescence(rank, torch.zeros(2, 3, 3), torch.tensor([2, 4]))
+    with pytest.raises(RuntimeError, match="int64"):
+        module.max_arborescence(rank.int(), torch.zeros(2, 3, 3), torch.tensor([2, 3]))
+
+
 def test_slow_build_is_announced(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -410,7 +410,147 @@ double work(const Tensor& scores) {
   return static_cast<double>(scores.size(0)) * n * n * n;
 }
 
+// ---- Chu-Liu-Edmonds (the heads of _max_arborescence in nonprojective.py) -------------------
+// Arc weights are lexicographic (rank, score) pairs: rank counts penalties (a -inf arc, and a
+// root child when one is required), score the arc scores; pairs add and subtract
+// component-wise and compare rank first, so the best arborescence has the fewest penalties,
+// then the best score (a totally ordered group: Edmonds' algorithm is exact on it).
+struct Weight {
+  int64_t rank = 0;
+  double score = 0.0;
+  bool operator<(const Weight& o) const {
+    return rank < o.rank || (rank == o.rank && score < o.score);
+  }
+  Weight operator-(const Weight& o) const { return {rank - o.rank, score - o.score}; }
+};
+
+// Heads of the best arborescence rooted at node 0 over nodes 0..n-1, w[h * n + m] the weight
+// of h -> m (m >= 1, h != m; every such arc exists). Recursive contraction of one cycle at a
+// time: O(n^2) per level, at most n - 1 levels; a level frees its input before recursing.
+std::vector<int64_t> arborescence(std::vector<Weight> w, int64_t n) {
+  std::vector<int64_t> head(n, -1);
+  for (int64_t m = 1; m < n; ++m) {  // the best incoming arc of every node (first on ties)
+    int64_t best = 0;
+    for (int64_t h = 1; h < n; ++h) {
+      if (h != m && w[best * n + m] < w[h * n + m]) best = h;
+    }
+    head[m] = best;
+  }
+  std::vector<int64_t> mark(n, -1), cycle;  // one cycle of the greedy heads, if any
+  for (int64_t start = 1; start < n && cycle.empty(); ++start) {
+    int64_t v = start;
+    while (v != 0 && mark[v] == -1) {
+      mark[v] = start;
+      v = head[v];
+    }
+    if (v != 0 && mark[v] == start) {  // came back into this walk: v is on a cycle
+      int64_t u = v;
+      do {
+        cycle.push_back(u);
+        u = head[u];
+      } while (u != v);
+    }
+  }
+  if (cycle.empty()) return head;
+  // contract the cycle into one node: the other nodes keep their order, the cycle comes last
+  std::vector<char> on(n, 0);
+  for (int64_t v : cycle) on[v] = 1;
+  std::vector<int64_t> id(n, -1), node;  // original -> contracted id, and back
+  for (int64_t v = 0; v < n; ++v) {
+    if (!on[v]) {
+      id[v] = static_cast<int64_t>(node.size());
+      node.push_back(v);
+    }
+  }
+  const int64_t c = static_cast<int64_t>(node.size()), k = c + 1;
+  for (int64_t v : cycle) id[v] = c;
+  std::vector<Weight> sub(k * k);
+  std::vector<int64_t> enters(k, -1), leaves(k, -1);  // the cycle member behind each super-arc
+  for (int64_t a = 0; a < c; ++a) {
+    for (int64_t b = 1; b < c; ++b) {
+      if (a != b) sub[a * k + b] = w[node[a] * n + node[b]];
+    }
+  }
+  for (int64_t a = 0; a < c; ++a) {  // a -> cycle: the best w[a, v] - w[head[v], v]
+    const int64_t u = node[a];
+    for (int64_t v : cycle) {
+      const Weight x = w[u * n + v] - w[head[v] * n + v];
+      if (enters[a] < 0 || sub[a * k + c] < x) {
+        sub[a * k + c] = x;
+        enters[a] = v;
+      }
+    }
+  }
+  for (int64_t b = 1; b < c; ++b) {  // cycle -> b: the best w[v, b]
+    const int64_t m = node[b];
+    for (int64_t v : cycle) {
+      if (leaves[b] < 0 || sub[c * k + b] < w[v * n + m]) {
+        sub[c * k + b] = w[v * n + m];
+        leaves[b] = v;
+      }
+    }
+  }
+  std::vector<Weight>().swap(w);  // not needed below: at most two levels' weights held
+  const std::vector<int64_t> inner = arborescence(std::move(sub), k);
+  std::vector<int64_t> out(head);  // cycle members keep their cycle arcs but one
+  for (int64_t b = 1; b < c; ++b) {
+    const int64_t h = inner[b];
+    out[node[b]] = h == c ? leaves[b] : node[h];
+  }
+  const int64_t from = inner[c];  // the arc into the cycle replaces its member's cycle arc
+  out[enters[from]] = node[from];
+  return out;
+}
+
+// heads [B, N] (-1 at ROOT and padding) of _max_arborescence for (rank, score) [B, N, N]
+// (read at the real positions only: h, m < length, h != m, m >= 1) and lengths [B]
+template <typename scalar_t>
+void max_arborescences(const int64_t* rank, const scalar_t* score, const int64_t* lengths,
+                       int64_t batch, int64_t size, int64_t* heads) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = lengths[b], plane = b * size * size;
+    int64_t* out = heads + b * size;
+    std::fill(out, out + size, -1);
+    if (n < 2) continue;
+    std::vector<Weight> w(n * n);
+    for (int64_t h = 0; h < n; ++h) {
+      for (int64_t m = 1; m < n; ++m) {
+        if (h != m) w[h * n + m] = {rank[plane + h * size + m], double(score[plane + h * size + m])};
+      }
+    }
+    const std::vector<int64_t> head = arborescence(std::move(w), n);
+    for (int64_t m = 1; m < n; ++m) out[m] = head[m];
+  }
+}
+
 }  // namespace
+
+Tensor max_arborescence(const Tensor& rank, const Tensor& score, const Tensor& lengths) {
+  TORCH_CHECK(rank.dim() == 3 && rank.size(1) == rank.size(2) && rank.sizes() == score.sizes(),
+              "rank and score must be [B, N, N]");
+  TORCH_CHECK(rank.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong,
+              "rank and lengths must be int64");
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == rank.size(0), "lengths must be [B]");
+  TORCH_CHECK(rank.device().is_cpu(), "max_arborescence: CPU tensors only");
+  const int64_t batch = rank.size(0), size = rank.size(1);
+  const Tensor r = rank.contiguous(), ends = lengths.contiguous();
+  TORCH_CHECK(batch == 0 || (ends.min().item<int64_t>() >= 0 && ends.max().item<int64_t>() <= size),
+              "lengths must be in 0..N");
+  const Tensor sc = score.scalar_type() == at::kFloat ? score.contiguous()
+                                                       : score.to(at::kDouble).contiguous();
+  Tensor heads = at::empty({batch, size}, r.options());
+  const double n = static_cast<double>(size);
+  const std::vector<int64_t> starts = chunk_starts(batch, static_cast<double>(batch) * n * n * n);
+  for_chunks(starts, [&](int64_t, int64_t start, int64_t length) {
+    AT_DISPATCH_FLOATING_TYPES(sc.scalar_type(), "max_arborescence", [&] {
+      max_arborescences<scalar_t>(r.data_ptr<int64_t>() + start * size * size,
+                                  sc.data_ptr<scalar_t>() + start * size * size,
+                                  ends.data_ptr<int64_t>() + start, length, size,
+                                  heads.data_ptr<int64_t>() + start * size);
+    });
+  });
+  return heads;
+}
 
 Tensor matrix_tree_marginals(const Tensor& scores, const Tensor& weights, const Tensor& inverse,
                              bool multiroot, const c10::optional<Tensor>& scale) {
@@ -477,6 +617,11 @@ void bind_matrix_tree(pybind11::module& m) {
         pybind11::arg("scores"), pybind11::arg("real"), pybind11::arg("multiroot"),
         pybind11::arg("max_cond"), pybind11::arg("need_logz"), pybind11::arg("method") = 0,
         pybind11::arg("precise_cond") = std::numeric_limits<double>::infinity(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("max_arborescence", &max_arborescence,
+        "heads [B, N] of the best arborescence for lexicographic (rank, score) arc weights "
+        "(Chu-Liu-Edmonds per item; -1 at ROOT and padding)",
+        pybind11::arg("rank"), pybind11::arg("score"), pybind11::arg("lengths"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("matrix_tree_marginals", &matrix_tree_marginals,
         "marginals [B, N, N] (times scale [B]) from the weights and inverse Laplacian",
