@@ -248,10 +248,9 @@ Tensor hvp_outside_width(const Tensor& dg_comp_view, const Tensor& d_inc, const 
 // are the first active[w]: every pass narrows width w's work to them (a batch of mixed
 // lengths costs the sum of its items' N^3, not the longest item's times the batch size).
 struct Chunk {
-  Tensor index;       // [B] the chunk's batch items, longest first
+  Tensor index;        // [B] the chunk's batch items, longest first
   int64_t first = -1;  // when they are first, first + 1, ...: first (views, no copies)
-
-  int64_t size = 0;  // positions of its longest item: its charts are [B, 6, size, size]
+  int64_t size = 0;    // positions of its longest item: its charts are [B, 6, size, size]
 
   // the chunk's rows of a batch tensor x [B, ...]
   Tensor take(const Tensor& x) const {

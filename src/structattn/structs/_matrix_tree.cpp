@@ -313,21 +313,21 @@ Tensor adjoint_coefficients(const Tensor& inverse, bool multiroot) {
   return coef;
 }
 
-// marginals_of in one loop: out [B, N, N] (contiguous, column 0 zeroed here) from weights
-// [B, N, n] (contiguous), the inverse Y [B, n, n] and scale [B] or nullptr; each entry is
-// W[h, m] * Phi*(Y^T)[h, m] as adjoint_coefficients defines it, the coefficient rounded to
-// the weights' dtype before the product, as the unfused ops do
-template <typename scalar_t, typename out_t>
+// marginals (below) in one loop: out [B, N, N] (contiguous, column 0 zeroed here) from
+// weights [B, N, n] (contiguous), the inverse Y [B, n, n] and scale [B] or nullptr; each
+// entry is W[h, m] * Phi*(Y^T)[h, m] as adjoint_coefficients defines it, the coefficient
+// rounded to the weights' dtype before the product, as the unfused ops do
+template <typename scalar_t>
 void fused_marginals(const scalar_t* weights, const double* inverse, const scalar_t* scale,
-                     int64_t batch, int64_t words, bool multiroot, out_t* out) {
+                     int64_t batch, int64_t words, bool multiroot, scalar_t* out) {
   const int64_t size = words + 1;
   for (int64_t b = 0; b < batch; ++b) {
     const scalar_t* w = weights + b * size * words;
     const double* y = inverse + b * words * words;  // y[i * words + j] = Y_ij
-    out_t* o = out + b * size * size;
+    scalar_t* o = out + b * size * size;
     const double factor = scale ? double(scale[b]) : 1.0;
     for (int64_t h = 0; h < size; ++h) {
-      o[h * size] = out_t(0);
+      o[h * size] = scalar_t(0);
       for (int64_t m = 0; m < words; ++m) {
         const double diag = y[m * words + m];
         double coef;
@@ -341,7 +341,7 @@ void fused_marginals(const scalar_t* weights, const double* inverse, const scala
           coef = diag - y[m * words + h - 1];  // arcs between words: Y_mm - Y_mh
         }
         if (scale) coef *= factor;
-        o[h * size + m + 1] = out_t(w[h * words + m] * scalar_t(coef));
+        o[h * size + m + 1] = w[h * words + m] * scalar_t(coef);
       }
     }
   }
@@ -358,9 +358,9 @@ Tensor marginals(const Tensor& scores, const Tensor& weights, const Tensor& inve
     const Tensor w = weights.contiguous(), y = inverse.contiguous();
     const Tensor factor = scale ? scale->contiguous() : Tensor();
     AT_DISPATCH_FLOATING_TYPES(dtype, "matrix_tree_marginals", [&] {
-      fused_marginals<scalar_t, scalar_t>(w.data_ptr<scalar_t>(), y.data_ptr<double>(),
-                                          scale ? factor.data_ptr<scalar_t>() : nullptr,
-                                          w.size(0), words, multiroot, out.data_ptr<scalar_t>());
+      fused_marginals<scalar_t>(w.data_ptr<scalar_t>(), y.data_ptr<double>(),
+                                scale ? factor.data_ptr<scalar_t>() : nullptr, w.size(0), words,
+                                multiroot, out.data_ptr<scalar_t>());
     });
     return out;
   }
@@ -455,15 +455,11 @@ std::vector<int64_t> arborescence(std::vector<Weight> w, int64_t n) {
   // contract the cycle into one node: the other nodes keep their order, the cycle comes last
   std::vector<char> on(n, 0);
   for (int64_t v : cycle) on[v] = 1;
-  std::vector<int64_t> id(n, -1), node;  // original -> contracted id, and back
+  std::vector<int64_t> node;  // contracted id -> original node (the cycle is id c)
   for (int64_t v = 0; v < n; ++v) {
-    if (!on[v]) {
-      id[v] = static_cast<int64_t>(node.size());
-      node.push_back(v);
-    }
+    if (!on[v]) node.push_back(v);
   }
   const int64_t c = static_cast<int64_t>(node.size()), k = c + 1;
-  for (int64_t v : cycle) id[v] = c;
   std::vector<Weight> sub(k * k);
   std::vector<int64_t> enters(k, -1), leaves(k, -1);  // the cycle member behind each super-arc
   for (int64_t a = 0; a < c; ++a) {
@@ -539,8 +535,7 @@ Tensor max_arborescence(const Tensor& rank, const Tensor& score, const Tensor& l
   const Tensor sc = score.scalar_type() == at::kFloat ? score.contiguous()
                                                        : score.to(at::kDouble).contiguous();
   Tensor heads = at::empty({batch, size}, r.options());
-  const double n = static_cast<double>(size);
-  const std::vector<int64_t> starts = chunk_starts(batch, static_cast<double>(batch) * n * n * n);
+  const std::vector<int64_t> starts = chunk_starts(batch, work(rank));  // O(n^3) per item at worst
   for_chunks(starts, [&](int64_t, int64_t start, int64_t length) {
     AT_DISPATCH_FLOATING_TYPES(sc.scalar_type(), "max_arborescence", [&] {
       max_arborescences<scalar_t>(r.data_ptr<int64_t>() + start * size * size,

@@ -719,12 +719,12 @@ def chu_liu_edmonds(
         if not multiroot:
             rank[:, 0] -= 1  # each root child costs one rank unit
         rank = rank.masked_fill(~arcs, _NONE)
+        finite = scores.masked_fill(forbidden, 0.0)
         kernels = compiled_kernels(scores)
         if kernels is not None:  # per item in C++, the batch split over the threads
-            full = torch.full((batch,), size, dtype=torch.long) if lengths is None else lengths
-            heads = kernels.max_arborescence(rank, scores.masked_fill(forbidden, 0.0), full.long())
+            heads = kernels.max_arborescence(rank, finite, real.sum(-1))
         else:
-            heads = _max_arborescence(rank, scores.masked_fill(forbidden, 0.0), real)
+            heads = _max_arborescence(rank, finite, real)
         bad = torch.isneginf(_heads_score(scores, heads))
         if not multiroot:
             bad |= (heads == 0).sum(-1) != 1
