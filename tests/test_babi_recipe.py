@@ -171,13 +171,68 @@ def test_summarize_selection_and_fact_mean(tmp_path: Path) -> None:
 def test_linear_start_schedule_and_state_dict() -> None:
     for name in ("memn2n", "binary-crf"):
         model = MemoryQA(12, 4, 2, 5, name)
-        babi.set_linear_start(model, 1, 2)
+        babi.set_linear_start(model, True)
         assert model.linear_start and not model.normalize_potentials
         state = model.state_dict()
-        babi.set_linear_start(model, 3, 2)
+        babi.set_linear_start(model, False)
         assert not model.linear_start and model.normalize_potentials == (name != "memn2n")
         model.load_state_dict(state)  # the mode travels with the weights
         assert model.linear_start and not model.normalize_potentials
+
+
+def test_linear_start_ends_on_the_validation_criterion() -> None:
+    fixed = babi.BabiConfig(linear_start=3)
+    assert [babi.in_linear_start(fixed, e, {}) for e in range(1, 6)] == [1, 1, 1, 0, 0]
+    config = babi.BabiConfig(linear_start=5, linear_start_end="validation")
+    falling = {1: 2.0, 2: 1.5, 3: 1.2, 4: 1.1, 5: 1.0}
+    assert [babi.in_linear_start(config, e, falling) for e in range(1, 7)] == [1] * 5 + [0]
+    # epoch 3 does not fall below the lowest before it (1.5): it is linear start's last
+    rises = {1: 2.0, 2: 1.5, 3: 1.7, 4: 1.0}
+    assert [babi.in_linear_start(config, e, rises) for e in range(1, 6)] == [1, 1, 1, 0, 0]
+    equal = {1: 2.0, 2: 2.0}  # not lower is not falling
+    assert [babi.in_linear_start(config, e, equal) for e in (1, 2, 3)] == [1, 1, 0]
+    with pytest.raises(ValueError, match="no validation loss"):
+        babi.in_linear_start(config, 3, {1: 2.0})
+    with pytest.raises(ValueError, match="needs a validation set"):
+        babi.BabiConfig(linear_start_end="validation", valid_fraction=0.0)
+    with pytest.raises(ValueError, match="linear_start_end"):
+        babi.BabiConfig(linear_start_end="loss")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="linear_start_lr"):
+        babi.BabiConfig(linear_start_lr=-0.1)
+
+
+def test_validation_linear_start_in_training_and_resume(data_dir: Path, tmp_path: Path) -> None:
+    """The switch follows the logged validation losses, linear start has its own lr, and a
+    run resumed right after the switch's epoch continues as one trained in a go."""
+    train = babi.TrainConfig(epochs=5, lr=0.02, sum_loss=True, progress=False)
+    config = babi.BabiConfig(
+        data_dir=str(data_dir),
+        model="memn2n",
+        batch_size=8,
+        linear_start=4,
+        linear_start_end="validation",
+        linear_start_lr=0.01,
+        runs=1,
+        train=train,
+    )
+
+    def records(run: Path) -> list[dict]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+
+    babi.train_run(config, tmp_path / "full")
+    full = records(tmp_path / "full")
+    losses = {r["epoch"]: r["valid_loss"] for r in full}
+    linear = [babi.in_linear_start(config, r["epoch"], losses) for r in full]
+    end = linear.index(False)  # epochs in linear start
+    assert 1 <= end < config.linear_start and not any(linear[end:]), (linear, losses)
+    assert [r["lr"] for r in full] == [0.01 if lin else 0.02 for lin in linear]
+    split = replace(config, train=replace(train, epochs=end))
+    babi.train_run(split, tmp_path / "split")
+    babi.train_run(config, tmp_path / "split", resume=True)
+    again = records(tmp_path / "split")
+    assert [r["lr"] for r in again] == [r["lr"] for r in full]
+    assert [r["valid_loss"] for r in again] == pytest.approx([r["valid_loss"] for r in full])
 
 
 def test_crf_linear_start_reaches_the_model() -> None:
@@ -279,18 +334,18 @@ def test_fact_supervision_stops_after_its_epochs(
     calls: list[int] = []
     original = babi.fact_nll
     epoch = [0]
-    original_start = babi.set_linear_start
+    original_start = babi.in_linear_start
 
     def counting(out, support):
         calls.append(epoch[0])
         return original(out, support)
 
-    def start(model, e, linear):
+    def start(config, e, losses):
         epoch[0] = e
-        original_start(model, e, linear)
+        return original_start(config, e, losses)
 
     monkeypatch.setattr(babi, "fact_nll", counting)
-    monkeypatch.setattr(babi, "set_linear_start", start)
+    monkeypatch.setattr(babi, "in_linear_start", start)
     train = babi.TrainConfig(epochs=3, lr=0.01, sum_loss=True, progress=False)
     config = babi.BabiConfig(
         data_dir=str(data_dir),

@@ -383,6 +383,35 @@ def test_epoch_hook_runs_before_each_epoch_also_after_resume(tmp_path: Path) -> 
     assert seen == [1, 2, 3]
 
 
+def test_epoch_lr_and_task_state_survive_a_resume(tmp_path: Path) -> None:
+    """``epoch_lr`` sets each epoch's lr (logged); ``state`` is checkpointed and restored."""
+
+    def task_with_state() -> tuple[Task, dict[str, Any]]:
+        task = classifier_task()
+        kept: dict[str, Any] = {"seen": []}
+        task.on_epoch_start = lambda model, epoch: kept["seen"].append(epoch)
+        task.epoch_lr = lambda epoch, lr: 0.01 if epoch == 2 else lr
+        task.state = (lambda: {"seen": list(kept["seen"])}, lambda s: kept.update(s or {}))
+        return task, kept
+
+    config = TrainConfig(epochs=3, lr=0.1, decay_every=1, **QUIET)
+    task, kept = task_with_state()
+    fit(task, config, tmp_path / "full")
+    assert kept["seen"] == [1, 2, 3]
+    assert [r["lr"] for r in _records(tmp_path / "full", "epoch")] == pytest.approx(
+        [0.1, 0.01, 0.025]  # the schedule still halves each epoch under the override
+    )
+    task, kept = task_with_state()
+    fit(task, replace(config, epochs=2), tmp_path / "split")
+    task, kept = task_with_state()
+    fit(task, config, tmp_path / "split", resume=True)
+    assert kept["seen"] == [1, 2, 3]  # restored from the checkpoint, then epoch 3
+    assert load_checkpoint(tmp_path / "split" / "checkpoint.pt")["task_state"] == {
+        "seen": [1, 2, 3]
+    }
+    _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "split"))
+
+
 # ---- checkpoints and resumption ----------------------------------------------------------
 RESUME_CONFIG = TrainConfig(
     epochs=3,

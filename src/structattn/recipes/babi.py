@@ -16,6 +16,7 @@ Layout of a ``train`` output directory (one task, one model)::
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,7 @@ __all__ = [
 
 MODEL_NAMES = {"memn2n": "MemN2N", "binary-crf": "Binary CRF", "unary-crf": "Unary CRF"}
 TABLE_ORDER = ("memn2n", "binary-crf", "unary-crf")  # the paper's column order
+LINEAR_START_ENDS = ("epochs", "validation")
 
 #: MemN2N's optimisation (Appendix A.4): summed-loss SGD 0.01 halved every 25 epochs, clip 40
 PAPER_TRAIN = TrainConfig(
@@ -87,6 +89,10 @@ class BabiConfig:
     memory_size: int = MEMORY_SIZE  # the most recent sentences kept in memory
     batch_size: int = 32  # questions per batch (MemN2N's)
     linear_start: int = 20  # epochs of linear start (MemN2N: no softmax; CRF: no log-softmax)
+    linear_start_end: Literal["epochs", "validation"] = "epochs"  # linear start lasts
+    # `linear_start` epochs (the SAN paper), or ends after the first epoch whose validation
+    # loss does not fall below the lowest before it, at most `linear_start` epochs (MemN2N)
+    linear_start_lr: float = 0.0  # lr during linear start (0 = the training lr; MemN2N 0.005)
     crf_linear_start: Literal["log-softmax", "unary", "scores"] = "log-softmax"  # what else
     # linear start does to the CRFs: nothing (the paper's text; the log-softmax alone does
     # not change the CRF), no fact-to-fact potentials, or the context from the raw scores
@@ -162,6 +168,17 @@ class BabiConfig:
             raise ValueError("`query_init identity` sets Q, which `crf_query memory` does not have")
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
+        if self.linear_start_end not in LINEAR_START_ENDS:
+            raise ValueError(
+                f"`linear_start_end` must be one of {LINEAR_START_ENDS}, "
+                f"got {self.linear_start_end!r}"
+            )
+        if self.linear_start_end == "validation" and self.valid_fraction == 0:
+            raise ValueError(
+                '`linear_start_end="validation"` needs a validation set (`valid_fraction` > 0)'
+            )
+        if not self.linear_start_lr >= 0:
+            raise ValueError(f"`linear_start_lr` must be >= 0, got {self.linear_start_lr}")
         if not 0 <= self.valid_fraction < 1:
             raise ValueError(f"`valid_fraction` must be in [0, 1), got {self.valid_fraction}")
         if not isinstance(self.train, TrainConfig) or self.train.epochs < 1:
@@ -259,11 +276,29 @@ def padded_widths(splits: Mapping[str, Sequence[BabiExample]]) -> tuple[int, int
     return max(sentence, 1), max(question, 1)
 
 
-def set_linear_start(model: MemoryQA, epoch: int, linear_epochs: int) -> None:
-    """Linear start (Appendix A.4): for the first ``linear_epochs`` epochs MemN2N has no
-    softmax and the CRF models are in their ``crf_linear_start`` mode; afterwards the CRF
-    models log-softmax their unary potentials."""
-    linear = epoch <= linear_epochs
+def in_linear_start(config: BabiConfig, epoch: int, valid_loss: Mapping[int, float]) -> bool:
+    """Whether 1-based ``epoch`` trains in linear start: one of the first ``linear_start``
+    epochs and, with ``linear_start_end="validation"``, no earlier epoch's validation loss
+    (``valid_loss[e]``) failed to fall below the lowest before it (MemN2N: linear start
+    ends "when the validation loss stopped decreasing"; that epoch is its last)."""
+    if epoch > config.linear_start:
+        return False
+    if config.linear_start_end == "epochs":
+        return True
+    lowest = math.inf
+    for e in range(1, epoch):
+        if e not in valid_loss:
+            raise ValueError(f"epoch {e} has no validation loss: cannot place linear start")
+        if not valid_loss[e] < lowest:
+            return False
+        lowest = valid_loss[e]
+    return True
+
+
+def set_linear_start(model: MemoryQA, linear: bool) -> None:
+    """Linear start (Appendix A.4): while ``linear`` MemN2N has no softmax and the CRF
+    models are in their ``crf_linear_start`` mode; afterwards the CRF models log-softmax
+    their unary potentials."""
     model.linear_start = linear
     model.normalize_potentials = not linear
 
@@ -370,6 +405,8 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         return [order[s : s + config.batch_size] for s in range(0, len(order), config.batch_size)]
 
     epoch_now = [1]  # set by on_epoch_start (also on resume)
+    linear_now = [True]  # whether epoch_now trains in linear start
+    valid_loss: dict[int, float] = {}  # epoch -> validation loss (checkpointed)
 
     def loss(m: nn.Module, batch: BabiBatch) -> tuple[Tensor, int, int]:
         out = _forward(m, batch)
@@ -383,13 +420,25 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
     def validate(m: nn.Module) -> dict[str, float]:
         assert isinstance(m, MemoryQA)
         scores = evaluate(m, valid, vocab, device, encoded=valid_encoded)
+        valid_loss[epoch_now[0]] = scores["loss"]
         metric = accuracy_metric(scores["ans"] / 100, scores["loss"])
         return {"metric": metric, "ans": scores["ans"], "loss": scores["loss"]}
 
     def on_epoch_start(m: nn.Module, epoch: int) -> None:
         assert isinstance(m, MemoryQA)
         epoch_now[0] = epoch
-        set_linear_start(m, epoch, config.linear_start)
+        linear_now[0] = in_linear_start(config, epoch, valid_loss)
+        set_linear_start(m, linear_now[0])
+
+    def epoch_lr(epoch: int, lr: float) -> float:
+        return config.linear_start_lr if linear_now[0] and config.linear_start_lr else lr
+
+    def get_state() -> dict[str, Any]:
+        return {"valid_loss": [[e, loss] for e, loss in sorted(valid_loss.items())]}
+
+    def set_state(saved: Any) -> None:
+        valid_loss.clear()
+        valid_loss.update({int(e): float(loss) for e, loss in (saved or {}).get("valid_loss", [])})
 
     task = Task(
         model=model,
@@ -400,6 +449,8 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
         config={"recipe": "babi", **config_to_dict(config), "run_seed": seed},
         extra={"vocab": vocab.to_dict(), "pe_width": list(pe_width)},
         on_epoch_start=on_epoch_start,
+        epoch_lr=epoch_lr,
+        state=(get_state, set_state),
     )
     train_config = replace(
         config.train,

@@ -83,7 +83,12 @@ class Task:
     summed over DDP ranks. ``validate(model)`` returns metrics including ``"metric"``
     (higher is better); ``extra`` is saved in every checkpoint (e.g. the vocabulary);
     ``on_epoch_start(model, epoch)`` (1-based epoch) runs before each epoch, also the first
-    one after a resume, so schedules such as linear start must depend on ``epoch`` only.
+    one after a resume, so schedules such as linear start must depend on ``epoch`` and on
+    ``state`` only. ``epoch_lr(epoch, lr)`` (after ``on_epoch_start``) returns the learning
+    rate of an epoch given the schedule's (e.g. linear start's own rate). A task whose
+    hooks keep a state between epochs (e.g. the validation losses so far) passes
+    ``state = (get, set)``: ``get()`` returns it as plain numbers, strings, lists and dicts
+    (saved in every checkpoint), ``set(saved)`` restores it on resume.
     """
 
     model: nn.Module
@@ -94,6 +99,8 @@ class Task:
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     on_epoch_start: Callable[[nn.Module, int], None] | None = None
+    epoch_lr: Callable[[int, float], float] | None = None
+    state: tuple[Callable[[], Any], Callable[[Any], None]] | None = None
     stateful_loss: Callable[[nn.Module, Any, Any], tuple[Tensor, Count, Count, Any]] | None = None
 
     def __post_init__(self) -> None:
@@ -314,6 +321,8 @@ def _train(
         last_eval = state.get("last_eval")
         stopped = state.get("stopped")
         total_loss, total_count = state.get("epoch_loss", [0.0, 0])
+        if task.state is not None:
+            task.state[1](state.get("task_state"))
         carried = state.get("carry")
         if carried is not None and task.stateful_loss is not None:
             if len(carried) != world:
@@ -328,8 +337,6 @@ def _train(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(task.config, indent=2) + "\n")
         (run_dir / "metrics.jsonl").write_text("")
-    for group in optimizer.param_groups:
-        group["lr"] = schedule.lr
     train_model: nn.Module = model
     if world > 1:
         train_model = nn.parallel.DistributedDataParallel(
@@ -368,6 +375,7 @@ def _train(
                 "stopped": stopped,
                 "carry": carried,
                 "epoch_loss": [total_loss, total_count] if batch > 0 else [0.0, 0],
+                "task_state": None if task.state is None else task.state[0](),
                 "config": task.config,
                 "extra": task.extra,
             },
@@ -438,6 +446,9 @@ def _train(
             break
         if task.on_epoch_start is not None:
             task.on_epoch_start(_unwrap(model), epoch)
+        lr_now = schedule.lr if task.epoch_lr is None else task.epoch_lr(epoch, schedule.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_now
         model.train()
         batches = task.batches(epoch)
         if start_batch == 0:
@@ -497,7 +508,7 @@ def _train(
                 rate = window_tokens / max(time.time() - window_start, 1e-9)
                 bar.set_postfix(
                     loss=f"{value_f / max(per, 1):.3f}",
-                    lr=f"{schedule.lr:.3g}",
+                    lr=f"{lr_now:.3g}",
                     tok_s=f"{rate:.0f}",
                 )
             if step % config.log_every == 0:
@@ -508,7 +519,7 @@ def _train(
                         "epoch": epoch,
                         "step": step,
                         "loss": value_f / max(per, 1),
-                        "lr": schedule.lr,
+                        "lr": lr_now,
                         "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
                     }
                 )
@@ -549,7 +560,7 @@ def _train(
             "epoch": epoch,
             "step": step,
             "train_loss": total_loss / max(total_count, 1),
-            "lr": schedule.lr,
+            "lr": lr_now,
             "time": time.time() - started,
             **{f"valid_{k}": v for k, v in metrics.items()},
         }
@@ -558,9 +569,7 @@ def _train(
             shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float))
             prefix = f"[{config.name}] " if config.name else ""
             print(f"{prefix}epoch {epoch}/{config.epochs}: {shown}", file=sys.stderr, flush=True)
-        lr = schedule.step(epoch, metric)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        schedule.step(epoch, metric)  # the next epoch's lr is set at its start
         if should_stop():
             stopped = {"epoch": epoch, "step": step}
         checkpoint(epoch + 1, 0)
