@@ -515,6 +515,7 @@ def test_eisner_hand_written_outside_matches_autograd(
 
     if not cache:
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)  # the ATen path, recomputing
 
     gen = torch.Generator().manual_seed(21)
     scores = torch.randn(5, 9, 9, dtype=torch.float64, generator=gen) * 3
@@ -550,6 +551,7 @@ def test_eisner_hessian_vector_product_gradchecks(
 
     if not cache:
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)  # the ATen path, recomputing
 
     gen = torch.Generator().manual_seed(5)
     scores = torch.randn(3, 5, 5, dtype=torch.float64, generator=gen)

@@ -74,6 +74,25 @@ def test_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+def test_fused_path_on_long_trees_beyond_the_memory_pool() -> None:
+    """The fused loops at the sizes they now take (up to _FUSED_SIZE = 96 positions) with
+    more weights than the 64 MiB memory pool keeps (B = 20, N = 90: three groups of lanes),
+    against the PyTorch code in float64; and which problems they take."""
+    if kernels(torch.zeros(1)) is None:
+        pytest.skip("the C++ kernels are not built here")
+    assert dependency._fused(32, 80) and dependency._fused(32, 96)
+    assert not dependency._fused(32, 97) and not dependency._fused(64, 96)  # size, memory
+    scores, lengths = _scores(20, 90, torch.float64, seed=3)
+    assert dependency._fused(*scores.shape[:2])
+    with kernels_disabled():
+        reference = _passes(scores, lengths, False)
+    torch.set_num_threads(2)
+    got = _passes(scores, lengths, False)
+    for a, b in zip(got, reference, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 _bt = dependency._eisner_backtrack
 _backtracks: list[int] = []
 
