@@ -93,6 +93,33 @@ def test_fused_path_on_long_trees_beyond_the_memory_pool() -> None:
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_dependency_argmax_reads_the_kernels_heads(multiroot: bool, dtype: torch.dtype) -> None:
+    """DependencyCRF.argmax takes the MAP kernel's heads directly (no autograd pass): the
+    same trees as the PyTorch code's backtrack, -1 at ROOT, padding and items with no tree
+    (lengths, -inf arcs, an item whose arcs leave no tree, one-word items)."""
+    if kernels(torch.zeros(1)) is None:
+        pytest.skip("the C++ kernels are not built here")
+    for batch, size in [(1, 2), (5, 7), (19, 12)]:
+        scores, lengths = _scores(batch, size, dtype, seed=size)
+        if batch > 2:
+            scores[2, :, 1:] = float("-inf")  # no arc into any word: no tree
+        scores[:, torch.arange(size), torch.arange(size)] = float("nan")  # never read
+        scores[:, 1:, 0] = float("inf")  # arcs into ROOT: ignored
+        if batch > 1:  # padding: ignored
+            scores[1, int(lengths[1]) :] = scores[1, :, int(lengths[1]) :] = float("nan")
+        crf = DependencyCRF(scores, lengths, multiroot=multiroot, validate_args=False)
+        assert dependency.eisner_argmax(scores, lengths, multiroot) is not None
+        got = crf.argmax
+        with kernels_disabled():
+            want = DependencyCRF(scores, lengths, multiroot=multiroot, validate_args=False).argmax
+        assert torch.equal(got, want), (got, want)
+        if batch > 2:
+            assert (got[2] == -1).all()
+        assert (got[:, 0] == -1).all()
+
+
 _bt = dependency._eisner_backtrack
 _backtracks: list[int] = []
 

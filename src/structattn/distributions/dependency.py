@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 
 from .._validation import check_lengths, check_potentials, length_mask
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.dependency import (
+    eisner_argmax,
     eisner_inside,
     eisner_log_partition,
     eisner_max,
@@ -303,6 +306,16 @@ class DependencyCRF(TreeCRFBase):
 
     def _valid(self, heads: Tensor) -> Tensor:
         return super()._valid(heads) & _crossing_free(heads, self._lengths_full)
+
+    @cached_property
+    def argmax(self) -> Tensor:
+        """The highest-scoring tree (MAP): heads LongTensor [B, N], ``-1`` at ROOT and
+        padding (and everywhere for an item with no tree)."""
+        best = eisner_argmax(self.arc_scores, self.lengths, self.multiroot)
+        if best is None:  # the gradient of the max-plus inside pass
+            return super().argmax
+        score, heads = best
+        return self._invalidate(heads, score)
 
     def _impossible_reason(self, value: Tensor, item: int) -> str:
         heads = value[item : item + 1].to(device=self.arc_scores.device, dtype=torch.long)

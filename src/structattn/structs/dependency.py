@@ -461,6 +461,27 @@ class _EisnerMax(torch.autograd.Function):
         return _eisner_backtrack(ctx.splits, last, grad, ctx.size), None, None
 
 
+def eisner_argmax(
+    arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
+) -> tuple[Tensor, Tensor] | None:
+    """(score of the best projective tree [B] in float64, its heads [B, N]: -1 at ROOT and
+    padding) straight from the C++ MAP kernel: no autograd node, no [B, N, N] arc
+    indicators, no masked copies (the kernel reads no diagonal entry and nothing beyond an
+    item's length; column 0, arcs into ROOT, is set to -inf in the float64 copy it needs
+    anyway); the same tree as :func:`eisner_max`'s gradient. ``None`` where that kernel does
+    not apply (not built, not CPU float32/64, more than _MAP_FUSED_SIZE positions):
+    differentiate :func:`eisner_max` instead."""
+    kernels = compiled_kernels(arc_scores)
+    size = arc_scores.shape[-1]
+    if kernels is None or not hasattr(kernels, "eisner_map") or size > _MAP_FUSED_SIZE:
+        return None
+    scores = arc_scores.detach().to(torch.float64, copy=True)
+    scores[:, :, 0] = float("-inf")  # no arc into ROOT
+    last = last_index(lengths, arc_scores.shape[0], size, arc_scores.device)
+    score, heads = kernels.eisner_map(scores, last, multiroot)
+    return score, heads
+
+
 def eisner_max(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
     """Score of the best projective tree, [B], like ``eisner_inside(..., MaxSemiring)``
     (ties: the first split point), with a hand-written backtrack as its backward (the
