@@ -46,7 +46,7 @@ def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tenso
 
 
 @pytest.mark.usefixtures("small_chunks")
-@pytest.mark.parametrize("path", ["fused", "cached", "recomputed"])
+@pytest.mark.parametrize("path", ["fused", "fused-recomputed", "cached", "recomputed"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
@@ -58,9 +58,9 @@ def test_kernels_equal_the_pytorch_code(
     arcs, one- and two-position items, more items than one group of SIMD lanes; the fused
     loops, or the per-width ATen path with the split weights kept or recomputed), with the
     batch in one chunk and in two (two threads)."""
-    if path != "fused":
+    if not path.startswith("fused"):
         monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)
-    if path == "recomputed":
+    if path.endswith("recomputed"):
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
     for batch, size in [(1, 2), (3, 6), (7, 12), (19, 9)]:
         scores, lengths = _scores(batch, size, dtype, seed=batch)
@@ -74,16 +74,18 @@ def test_kernels_equal_the_pytorch_code(
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
-def test_fused_path_on_long_trees_beyond_the_memory_pool() -> None:
-    """The fused loops at the sizes they now take (up to _FUSED_SIZE = 96 positions) with
-    more weights than the 64 MiB memory pool keeps (B = 20, N = 90: three groups of lanes),
-    against the PyTorch code in float64; and which problems they take."""
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_fused_path_on_long_trees_beyond_the_memory_pool(
+    keep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused loops at the sizes they now take (up to _FUSED_SIZE = 96 positions), their
+    split weights kept (more than the 64 MiB memory pool keeps: B = 20, N = 90, three groups
+    of lanes) or recomputed, against the PyTorch code in float64."""
     if kernels(torch.zeros(1)) is None:
         pytest.skip("the C++ kernels are not built here")
-    assert dependency._fused(32, 80) and dependency._fused(32, 96)
-    assert not dependency._fused(32, 97) and not dependency._fused(64, 96)  # size, memory
+    assert dependency._fused(96) and not dependency._fused(97)
+    monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 1 << 30 if keep else 0)
     scores, lengths = _scores(20, 90, torch.float64, seed=3)
-    assert dependency._fused(*scores.shape[:2])
     with kernels_disabled():
         reference = _passes(scores, lengths, False)
     torch.set_num_threads(2)
@@ -91,6 +93,28 @@ def test_fused_path_on_long_trees_beyond_the_memory_pool() -> None:
     for a, b in zip(got, reference, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_fused_memory_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused path's buffers (outside PyTorch's allocator) are counted by
+    ``fused_memory``: kept split weights cost O(B N^3), recomputed ones O(B N^2)."""
+    module = kernels(torch.zeros(1))
+    if module is None or not hasattr(module, "fused_memory"):
+        pytest.skip("the fused C++ kernels are not built here")
+    scores, lengths = _scores(16, 40, torch.float64, seed=5)
+    peaks = {}
+    for keep in (True, False):
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 1 << 30 if keep else 0)
+        x = scores.clone().requires_grad_(True)
+        before = module.fused_memory()[0]
+        module.fused_memory_reset_peak()
+        logz = dependency.eisner_log_partition(x, lengths, True)
+        logz.sum().backward()
+        peaks[keep] = module.fused_memory()[1] - before
+        del logz
+    terms = 3 * sum(w * (40 - w) for w in range(1, 40))  # kept weights per lane
+    assert peaks[True] >= 2 * terms * 8 * 8  # two groups of eight lanes, 8 bytes each
+    assert peaks[False] < peaks[True] / 3  # 1.4 vs 5.3 MB here; the gap grows with N
 
 
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])

@@ -487,6 +487,8 @@ class Pool {
   Vec* take(int64_t n) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      in_use_ += n;
+      peak_ = std::max(peak_, in_use_);
       for (auto it = free_.begin(); it != free_.end(); ++it)
         if (it->first == n) {
           Vec* p = it->second;
@@ -500,6 +502,7 @@ class Pool {
   void give(Vec* p, int64_t n) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      in_use_ -= n;
       if ((held_ + n) * static_cast<int64_t>(sizeof(Vec)) <= kPoolBytes) {
         free_.emplace_back(n, p);
         held_ += n;
@@ -508,12 +511,24 @@ class Pool {
     }
     delete[] p;
   }
+  // bytes in live buffers: (now, the most since the last reset_peak)
+  std::pair<int64_t, int64_t> usage() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t bytes = sizeof(Vec);
+    return {in_use_ * bytes, peak_ * bytes};
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = in_use_;
+  }
 
  private:
   static constexpr int64_t kPoolBytes = int64_t{64} << 20;
   std::mutex mutex_;
   std::vector<std::pair<int64_t, Vec*>> free_;
-  int64_t held_ = 0;
+  int64_t held_ = 0;    // vectors in free_
+  int64_t in_use_ = 0;  // vectors in live buffers (what the profiler of PyTorch's allocator
+  int64_t peak_ = 0;    // does not see; benchmarks/timing.py adds it)
 };
 
 // n vectors from the pool (uninitialised), given back on destruction
@@ -559,7 +574,8 @@ struct Group {
   int64_t span = 0;            // 1 + the largest last position: the passes stop there
   Vec last{};                  // index of each item's last position (padding lanes: span - 1)
   Buffer chart;    // CR, CL, IR, IL [4, N, N] (IR, IL: s < t only)
-  Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T]
+  Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T], if kept
+  Buffer inner;    // inner(s, t) [N, N] when the weights are not kept (they are recomputed)
 };
 
 enum Kind : int64_t { kCR = 0, kCL = 1, kIR = 2, kIL = 3, kInner = 4 };
@@ -610,29 +626,36 @@ __attribute__((always_inline)) inline Vec log_sum_exp(Vec* x, int64_t w, const V
 }
 
 // Inside pass of one group: chart and weights from the arcs a[h * N + m].
-STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool multiroot) {
+STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool multiroot,
+                                    bool keep) {
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
   g.chart = Buffer(4 * nn);  // every entry read is written first
-  g.weights = Buffer(3 * base[size]);
+  if (keep) {
+    g.weights = Buffer(3 * base[size]);
+  } else {
+    g.inner = Buffer(nn);
+  }
+  Buffer scratch(keep ? 1 : 3 * size);  // a span's weights when they are not kept
   Vec* ch = g.chart.get();
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
   Vec* ir = ch + kIR * nn;
   Vec* il = ch + kIL * nn;
-  const int64_t terms = base[size];
+  const int64_t terms = keep ? base[size] : size;
   for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
   const Vec ninf = splat(kNegInf);
   for (int64_t w = 1; w < g.span; ++w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, off = base[w] + s * w;
-      Vec* p = g.weights.get() + off;  // inner
+      Vec* p = keep ? g.weights.get() + off : scratch.get();  // inner
       Vec m = ninf;
       for (int64_t j = 0; j < w; ++j) {
         p[j] = cr[s * size + s + j] + cl[(s + j + 1) * size + t];
         m = p[j] > m ? p[j] : m;
       }
       const Vec inner = log_sum_exp(p, w, m);
+      if (!keep) g.inner[s * size + t] = inner;
       ir[s * size + t] = inner + a[s * size + t];
       il[s * size + t] = inner + a[t * size + s];
       p += terms;  // CR
@@ -659,34 +682,74 @@ STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool m
   }
 }
 
+// exp(x - total): the softmax weight of a term x of a sum (0 where the sum is -inf)
+__attribute__((always_inline)) inline Vec weight_of(const Vec& x, const Vec& total) {
+  const Vec zero = splat(0.0);
+  const Vec d = x - total;  // NaN where both are -inf: replaced below
+  const Vec e = exp_lanes(d > zero ? zero : d);
+  return total == splat(kNegInf) ? zero : e;
+}
+
+// The softmax weights of span (s, s + w)'s three sums (inner, CR, CL), w each: in the kept
+// weights, or recomputed from the inside chart into scratch [3 w] (one exp per term, where
+// kept weights cost 24 w bytes of memory per span and lane).
+struct SpanWeights {
+  const Vec* inner;
+  const Vec* cr;
+  const Vec* cl;
+};
+__attribute__((always_inline)) inline SpanWeights span_weights(
+    const Group& g, int64_t size, const std::vector<int64_t>& base, int64_t w, int64_t s,
+    Vec* scratch) {
+  if (g.weights.get() != nullptr) {
+    const Vec* p = g.weights.get() + base[w] + s * w;
+    const int64_t terms = base[size];
+    return {p, p + terms, p + 2 * terms};
+  }
+  const int64_t nn = size * size, t = s + w, st = s * size + t;
+  const Vec* ch = g.chart.get();
+  const Vec* cr = ch + kCR * nn;
+  const Vec* cl = ch + kCL * nn;
+  const Vec* ir = ch + kIR * nn;
+  const Vec* il = ch + kIL * nn;
+  const Vec inner = g.inner[st], right = cr[st], left = cl[st];
+  for (int64_t j = 0; j < w; ++j) {
+    scratch[j] = weight_of(cr[s * size + s + j] + cl[(s + j + 1) * size + t], inner);
+    scratch[w + j] = weight_of(ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t], right);
+    scratch[2 * w + j] = weight_of(cl[s * size + s + j] + il[(s + j) * size + t], left);
+  }
+  return {scratch, scratch + w, scratch + 2 * w};
+}
+
 // Outside pass of one group: grad [4, N, N] (zeroed, seeded at CR(0, last)) becomes the
 // gradient of the seeded log Z with respect to every span.
 STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
-  const int64_t terms = base[size];
+  Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
   Vec* cr = grad + kCR * nn;
   Vec* cl = grad + kCL * nn;
   Vec* ir = grad + kIR * nn;
   Vec* il = grad + kIL * nn;
   for (int64_t w = g.span - 1; w > 0; --w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w, off = base[w] + s * w;
-      const Vec* p = g.weights.get() + off + terms;  // CR: its uses are all wider, final
+      const int64_t t = s + w;
+      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
+      const Vec* p = weights.cr;  // CR: its uses are all wider, final
       Vec gp = cr[s * size + t];
       for (int64_t j = 0; j < w; ++j) {
         const Vec v = p[j] * gp;
         ir[s * size + s + 1 + j] += v;
         cr[(s + 1 + j) * size + t] += v;
       }
-      p += terms;  // CL
+      p = weights.cl;  // CL
       gp = cl[s * size + t];
       for (int64_t j = 0; j < w; ++j) {
         const Vec v = p[j] * gp;
         cl[s * size + s + j] += v;
         il[(s + j) * size + t] += v;
       }
-      p = g.weights.get() + off;  // inner: IR(s, t) and IL(s, t) are final now
+      p = weights.inner;  // inner: IR(s, t) and IL(s, t) are final now
       gp = ir[s * size + t] + il[s * size + t];
       for (int64_t j = 0; j < w; ++j) {
         const Vec v = p[j] * gp;
@@ -706,7 +769,7 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
                                  Vec* d_grad, int64_t size) {
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
-  const int64_t terms = base[size];
+  Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
   Vec* tcr = tan + kCR * nn;
   Vec* tcl = tan + kCL * nn;
   Vec* tir = tan + kIR * nn;
@@ -714,20 +777,21 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   Vec* tin = tan + kInner * nn;
   for (int64_t w = 1; w < g.span; ++w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w, off = base[w] + s * w;
-      const Vec* p = g.weights.get() + off;
+      const int64_t t = s + w;
+      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
+      const Vec* p = weights.inner;
       Vec sum = splat(0.0);
       for (int64_t j = 0; j < w; ++j)
         sum += p[j] * (tcr[s * size + s + j] + tcl[(s + j + 1) * size + t]);
       tin[s * size + t] = sum;
       tir[s * size + t] = sum + d[s * size + t];
       til[s * size + t] = sum + d[t * size + s];
-      p += terms;
+      p = weights.cr;
       sum = splat(0.0);
       for (int64_t j = 0; j < w; ++j)
         sum += p[j] * (tir[s * size + s + 1 + j] + tcr[(s + 1 + j) * size + t]);
       tcr[s * size + t] = sum;
-      p += terms;
+      p = weights.cl;
       sum = splat(0.0);
       for (int64_t j = 0; j < w; ++j)
         sum += p[j] * (tcl[s * size + s + j] + til[(s + j) * size + t]);
@@ -744,8 +808,9 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   Vec* dil = d_grad + kIL * nn;
   for (int64_t w = g.span - 1; w > 0; --w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w, off = base[w] + s * w, st = s * size + t;
-      const Vec* p = g.weights.get() + off + terms;  // CR
+      const int64_t t = s + w, st = s * size + t;
+      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
+      const Vec* p = weights.cr;  // CR
       Vec gp = gcr[st], dgp = dcr[st], dp = tcr[st];
       for (int64_t j = 0; j < w; ++j) {
         const int64_t x = s * size + s + 1 + j, y = (s + 1 + j) * size + t;
@@ -753,7 +818,7 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
         dir[x] += v;
         dcr[y] += v;
       }
-      p += terms;  // CL
+      p = weights.cl;  // CL
       gp = gcl[st], dgp = dcl[st], dp = tcl[st];
       for (int64_t j = 0; j < w; ++j) {
         const int64_t x = s * size + s + j, y = (s + j) * size + t;
@@ -761,7 +826,7 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
         dcl[x] += v;
         dil[y] += v;
       }
-      p = g.weights.get() + off;  // inner
+      p = weights.inner;  // inner
       gp = gir[st] + gil[st], dgp = dir[st] + dil[st], dp = tin[st];
       for (int64_t j = 0; j < w; ++j) {
         const int64_t x = s * size + s + j, y = (s + j + 1) * size + t;
@@ -1000,7 +1065,8 @@ struct EisnerOutside {
 };
 
 // The inside pass; ``fused``: by the fused path (where it is compiled in), else by the ATen
-// path, which keeps the split weights if ``keep_weights`` (else recomputes them).
+// path; either keeps the split weights if ``keep_weights`` (else the outside pass and the
+// Hessian-vector product recompute them: memory O(B N^2) instead of O(B N^3)).
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
                                            bool multiroot, bool keep_weights, bool fused) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
@@ -1026,7 +1092,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
       for (size_t first = 0; first < mine.size(); first += kTrees) {
         Group g = make_group(mine, first, lp);
         const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
-        fused_inside(g, a.data(), size, multiroot);
+        fused_inside(g, a.data(), size, multiroot, keep_weights);
         for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
           zp[g.items[l]] = g.chart[lp[g.items[l]]][l];
         state->fused[i].push_back(std::move(g));
@@ -1210,6 +1276,10 @@ void bind_eisner(pybind11::module& m) {
         pybind11::arg("state"), pybind11::arg("outside"), pybind11::arg("direction"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 #ifdef STRUCTATTN_FUSED_EISNER
+  m.def("fused_memory", [] { return Pool::get().usage(); },
+        "bytes in the fused path's live buffers (outside PyTorch's allocator): (now, peak)");
+  m.def("fused_memory_reset_peak", [] { Pool::get().reset_peak(); },
+        "start fused_memory's peak afresh");
   m.def("eisner_map", &eisner_map, "(best tree's score [B], its heads [B, N], -1 at ROOT)",
         pybind11::arg("arc_scores"), pybind11::arg("last"), pybind11::arg("multiroot"),
         pybind11::call_guard<pybind11::gil_scoped_release>());

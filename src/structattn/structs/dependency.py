@@ -207,22 +207,21 @@ def _open_root(last: Tensor, multiroot: bool, w: int) -> Tensor | None:
 _CACHE_ELEMENTS = 1 << 22
 
 # The C++ kernels run trees of at most this many positions in fused loops (_eisner.cpp: the
-# whole dynamic program on eight trees at once, in double precision, its split weights always
-# kept) when the batch's split weights are at most _FUSED_ELEMENTS (the same count as
-# _CACHE_ELEMENTS; 8 bytes each: at most 128 MiB); measured at 1 thread, inside + outside +
-# Hessian-vector product, B = 32, against the per-width ATen operations: 0.1 vs 1.0 ms at
-# N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15 (N = 40); at 2 threads, log Z forward + backward /
-# marginals forward + backward against the ATen path recomputing its weights: 10.6 vs 22.1 /
-# 18.1 vs 47.5 ms at N = 80, B = 32; 18.0 vs 29.0 / 36.1 vs 69.8 at N = 96, B = 32; past that
-# size or count the weights outgrow the caches and the ATen path wins (N = 128, B = 32: 112
-# vs 62 ms for log Z; N = 112, B = 16: 32.5 vs 22.9).
+# whole dynamic program on eight trees at once, in double precision; the split weights kept
+# under the same rule as the ATen path's, _CACHE_ELEMENTS, else recomputed by the outside
+# pass and the Hessian-vector product, one exp per term: memory O(B N^2)); measured at 1
+# thread, inside + outside + Hessian-vector product, B = 32, against the per-width ATen
+# operations: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15 (N = 40); at 2
+# threads, log Z forward + backward / marginals forward + backward, weights recomputed in
+# both: 12.0 vs 20.6 / 30.1 vs 52.7 ms at N = 80, B = 32; 22.2 vs 29.0 / 53.2 vs 75.7 at
+# N = 96; about equal at N = 128, B = 32, and the ATen path twice as fast at N = 128, B = 8
+# (one group of eight trees keeps one thread busy; the ATen path splits the batch).
 _FUSED_SIZE = 96
-_FUSED_ELEMENTS = 1 << 24
 
 
-def _fused(batch: int, size: int) -> bool:
-    """Whether the C++ kernels take their fused path for a [batch, size, size] problem."""
-    return size <= _FUSED_SIZE and 3 * batch * size**3 // 6 <= _FUSED_ELEMENTS
+def _fused(size: int) -> bool:
+    """Whether the C++ kernels take their fused path for trees of ``size`` positions."""
+    return size <= _FUSED_SIZE
 
 
 # The C++ MAP kernel (eisner_map) keeps 7 N^2 vectors of 8 doubles per thread (29 MB at
@@ -506,7 +505,7 @@ class _EisnerLogPartition(torch.autograd.Function):
         small = fits and ctx.needs_input_grad[0]
         kernels = compiled_kernels(arc_scores)
         if kernels is not None:
-            fused = _fused(batch, size)
+            fused = _fused(size)
             ctx.charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, small, fused)
             logz = kernels.eisner_log_partition(ctx.charts)
         else:
@@ -604,7 +603,7 @@ def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
     kernels = compiled_kernels(arc_scores)
     with torch.no_grad():
         if kernels is not None:
-            fused = _fused(batch, size)
+            fused = _fused(size)
             charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, keep, fused)
         else:
             charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=keep)
