@@ -200,6 +200,29 @@ def test_random_noise_shifts_recency_in_training_only() -> None:
     assert torch.equal(net.eval()._recency(lengths, 20), base)
 
 
+@pytest.mark.parametrize("model", ["memn2n", "binary-crf"])
+def test_temporal_encoding_off_makes_memory_a_bag_of_sentences(model: str) -> None:
+    """Without the temporal vectors, reversing the order of the memory sentences changes
+    neither the answer nor the attention (reversed); with them it does."""
+    torch.manual_seed(3)
+    memory, lengths, memory_lengths, question, question_lengths = _batch(b=2, m=5)
+    memory_lengths = torch.full_like(memory_lengths, 5)
+    lengths = torch.full_like(lengths, 5)
+    memory = torch.randint(1, 30, memory.shape)
+    flipped = memory.flip(1)
+    for temporal in (False, True):
+        net = MemoryQA(
+            30, embed_dim=8, hops=2, memory_size=10, model=model, temporal_encoding=temporal
+        ).eval()
+        torch.nn.init.normal_(net.temporal, std=1.0)
+        a = net(memory, lengths, memory_lengths, question, question_lengths)
+        b = net(flipped, lengths, memory_lengths, question, question_lengths)
+        same = torch.allclose(a.logits, b.logits, atol=1e-5)
+        assert same == (not temporal)
+        if not temporal:
+            torch.testing.assert_close(a.attention, b.attention.flip(-1), atol=1e-5, rtol=1e-5)
+
+
 def test_fixed_position_encoding_width() -> None:
     """pe_width=(J, Q): J is the same for every sentence; equal to the sentences' own length
     it changes nothing, and a sentence longer than J is an error."""

@@ -97,7 +97,8 @@ class MemoryQA(nn.Module):
     the inner steps' theta_k count twice); ``tying``: ``"adjacent"`` (MemN2N's, above) or
     ``"separate"`` (the SAN authors' released CRF code: the values o_i^k come from their own
     tables V_k with their own temporal vectors and the answer matrix W is a separate
-    parameter; the keys and the question keep E_1..E_K).
+    parameter; the keys and the question keep E_1..E_K); ``temporal_encoding=False`` leaves
+    the temporal vectors out (memory is then a bag of sentences; MemN2N's ``enable_time``).
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -118,6 +119,7 @@ class MemoryQA(nn.Module):
         crf_query: str = "linear",
         crf_edge_unary: str = "once",
         tying: str = "adjacent",
+        temporal_encoding: bool = True,
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -139,6 +141,7 @@ class MemoryQA(nn.Module):
         if pe_width is not None and min(pe_width) < 1:
             raise ValueError(f"`pe_width` must be two positive widths or None, got {pe_width}")
         self.model = model
+        self.temporal_encoding = bool(temporal_encoding)
         self.random_noise = random_noise
         self.pe_width = pe_width
         self.hops = hops
@@ -241,10 +244,12 @@ class MemoryQA(nn.Module):
         mask: Tensor,
     ) -> Tensor:
         """[T, B, M, d]: every memory sentence embedded by each of the T ``tables`` plus its
-        ``temporal`` vector at ``recency`` [B, M]; zero at padded slots (``mask`` [B, M])."""
+        ``temporal`` vector at ``recency`` [B, M] (unless ``temporal_encoding`` is off); zero
+        at padded slots (``mask`` [B, M])."""
         embedded = torch.stack(
             [
-                self._embed(k, memory, sentence_lengths, width, tables) + temporal[k][recency]
+                self._embed(k, memory, sentence_lengths, width, tables)
+                + (temporal[k][recency] if self.temporal_encoding else 0.0)
                 for k in range(len(tables))
             ]
         )

@@ -109,6 +109,7 @@ class BabiConfig:
     # answers alone (a curriculum; 0 = every epoch)
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
+    temporal_encoding: bool = True  # the temporal vectors (off: memory a bag of sentences)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
     # length (the paper's formula) or the data set's padded width (MemN2N's public codes)
     runs: int = 20  # training runs with different seeds (train.seed, train.seed + 1, ...)
@@ -259,6 +260,7 @@ def build_model(
         crf_query=config.crf_query,
         crf_edge_unary=config.crf_edge_unary,
         tying=config.tying,
+        temporal_encoding=config.temporal_encoding,
     )
     if config.query_init == "identity" and model.crf is not None:
         assert model.crf.query_update is not None
