@@ -72,10 +72,11 @@ def _assert_all_close(got: list[Tensor], want: list[Tensor], tol: float) -> None
 )
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_equal_the_pytorch_code(dtype: torch.dtype, tol: float, threads: int) -> None:
-    """Every output and gradient, shared and per-step transitions, C = 1..4 (C = 5 is not
-    served), variable lengths (length 1 included), the batch in one chunk and in two."""
+    """Every output and gradient, shared and per-step transitions, C = 1..5, 10 and 16
+    (C = 17 is not served), variable lengths (length 1 included), the batch in one chunk
+    and in two."""
     torch.set_num_threads(threads)
-    for c, shared in itertools.product((1, 2, 3, 4, 5), (True, False)):
+    for c, shared in itertools.product((1, 2, 3, 4, 5, 10, 16, 17), (True, False)):
         unary, pairwise, lengths = _draw(7, 6, c, shared, dtype, seed=c)
         lengths[1] = 1
         served = linear_chain._chain_kernels(unary, pairwise, "auto") is not None
