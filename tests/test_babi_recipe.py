@@ -235,6 +235,18 @@ def test_validation_linear_start_in_training_and_resume(data_dir: Path, tmp_path
     assert [r["valid_loss"] for r in again] == pytest.approx([r["valid_loss"] for r in full])
 
 
+def test_temporal_options_reach_the_model() -> None:
+    vocab = BabiVocabulary.build(
+        parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])
+    )
+    zero = babi.build_model(babi.BabiConfig(temporal_init="zero"), vocab)
+    assert zero.temporal_encoding and zero.temporal.abs().sum() == 0
+    off = babi.build_model(babi.BabiConfig(temporal_encoding=False), vocab)
+    assert not off.temporal_encoding and off.temporal.abs().sum() > 0
+    with pytest.raises(ValueError, match="temporal_init"):
+        babi.BabiConfig(temporal_init="small")  # type: ignore[arg-type]
+
+
 def test_crf_linear_start_reaches_the_model() -> None:
     vocab = BabiVocabulary.build(
         parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])

@@ -223,6 +223,43 @@ def test_temporal_encoding_off_makes_memory_a_bag_of_sentences(model: str) -> No
             torch.testing.assert_close(a.attention, b.attention.flip(-1), atol=1e-5, rtol=1e-5)
 
 
+def test_temporal_init_zero() -> None:
+    """temporal_init="zero": the temporal vectors (also the separate tables') start at zero,
+    so the first forward pass equals the one without temporal encoding; they still learn."""
+    torch.manual_seed(4)
+    batch = _batch()
+    for tying in ("adjacent", "separate"):
+        zero = MemoryQA(
+            30,
+            embed_dim=8,
+            hops=2,
+            memory_size=10,
+            model="binary-crf",
+            tying=tying,
+            temporal_init="zero",
+        )
+        assert zero.temporal.abs().sum() == 0
+        if zero.value_temporal is not None:
+            assert zero.value_temporal.abs().sum() == 0
+        off = MemoryQA(
+            30,
+            embed_dim=8,
+            hops=2,
+            memory_size=10,
+            model="binary-crf",
+            tying=tying,
+            temporal_encoding=False,
+        )
+        off.load_state_dict(zero.state_dict())
+        torch.testing.assert_close(zero.eval()(*batch).logits, off.eval()(*batch).logits)
+        zero.train()(*batch).logits.sum().backward()
+        assert zero.temporal.grad is not None and zero.temporal.grad.abs().sum() > 0
+    normal = MemoryQA(30, embed_dim=8, hops=2, memory_size=10)
+    assert normal.temporal.abs().sum() > 0
+    with pytest.raises(ValueError, match="temporal_init"):
+        MemoryQA(30, temporal_init="ones")
+
+
 def test_fixed_position_encoding_width() -> None:
     """pe_width=(J, Q): J is the same for every sentence; equal to the sentences' own length
     it changes nothing, and a sentence longer than J is an error."""

@@ -27,6 +27,7 @@ MEMORY_MODELS = ("memn2n", "unary-crf", "binary-crf")
 CRF_LINEAR_STARTS = ("log-softmax", "unary", "scores")
 #: how the embedding tables are shared (MemoryQA's ``tying``)
 TYINGS = ("adjacent", "separate")
+TEMPORAL_INITS = ("normal", "zero")  # the temporal vectors: N(0, init_std) or zero
 
 
 def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
@@ -98,7 +99,8 @@ class MemoryQA(nn.Module):
     ``"separate"`` (the SAN authors' released CRF code: the values o_i^k come from their own
     tables V_k with their own temporal vectors and the answer matrix W is a separate
     parameter; the keys and the question keep E_1..E_K); ``temporal_encoding=False`` leaves
-    the temporal vectors out (memory is then a bag of sentences; MemN2N's ``enable_time``).
+    the temporal vectors out (memory is then a bag of sentences; MemN2N's ``enable_time``);
+    ``temporal_init="zero"`` starts them at zero instead of N(0, ``init_std``).
 
     Forward: ``memory`` [B, M, L] word ids (0 = padding; oldest sentence first),
     ``sentence_lengths`` [B, M], ``memory_lengths`` [B], ``question`` [B, Q],
@@ -120,6 +122,7 @@ class MemoryQA(nn.Module):
         crf_edge_unary: str = "once",
         tying: str = "adjacent",
         temporal_encoding: bool = True,
+        temporal_init: str = "normal",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -138,6 +141,10 @@ class MemoryQA(nn.Module):
             raise ValueError(f"`init_std` must be > 0, got {init_std}")
         if not 0 <= random_noise < 1:
             raise ValueError(f"`random_noise` must be in [0, 1), got {random_noise}")
+        if temporal_init not in TEMPORAL_INITS:
+            raise ValueError(
+                f"`temporal_init` must be one of {TEMPORAL_INITS}, got {temporal_init!r}"
+            )
         if pe_width is not None and min(pe_width) < 1:
             raise ValueError(f"`pe_width` must be two positive widths or None, got {pe_width}")
         self.model = model
@@ -184,6 +191,11 @@ class MemoryQA(nn.Module):
         for extra in (self.temporal, self.value_temporal, self.answer):
             if extra is not None:
                 nn.init.normal_(extra if isinstance(extra, Tensor) else extra.weight, std=init_std)
+        if temporal_init == "zero":  # learnt from zero: the content path comes first
+            with torch.no_grad():
+                for temporal in (self.temporal, self.value_temporal):
+                    if temporal is not None:
+                        temporal.zero_()
 
     def _embedding(self, k: int) -> nn.Embedding:
         """E_{k+1} (0-based k): the embedding matrix of hop k's keys and hop k-1's values."""

@@ -45,7 +45,7 @@ from ..data.babi import (
     write_predictions,
 )
 from ..models import MEMORY_MODELS, MemoryQA, MemoryQAOutput
-from ..models.memory_qa import CRF_LINEAR_STARTS, TYINGS
+from ..models.memory_qa import CRF_LINEAR_STARTS, TEMPORAL_INITS, TYINGS
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from ._config import config_from_dict, config_to_dict, replace_path
@@ -110,6 +110,8 @@ class BabiConfig:
     init_std: float = 0.1  # std of the N(0, s) embedding init (harvardnlp's MemN2N: 0.316)
     random_noise: float = 0.0  # MemN2N's random noise: rate of empty memories (theirs 0.1)
     temporal_encoding: bool = True  # the temporal vectors (off: memory a bag of sentences)
+    temporal_init: Literal["normal", "zero"] = "normal"  # the temporal vectors' start:
+    # N(0, init_std) as every embedding, or zero (learnt only as far as they help)
     position_encoding: Literal["sentence", "padded"] = "sentence"  # J of PE: each sentence's
     # length (the paper's formula) or the data set's padded width (MemN2N's public codes)
     runs: int = 20  # training runs with different seeds (train.seed, train.seed + 1, ...)
@@ -169,6 +171,10 @@ class BabiConfig:
             raise ValueError("`query_init identity` sets Q, which `crf_query memory` does not have")
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
+        if self.temporal_init not in TEMPORAL_INITS:
+            raise ValueError(
+                f"`temporal_init` must be one of {TEMPORAL_INITS}, got {self.temporal_init!r}"
+            )
         if self.linear_start_end not in LINEAR_START_ENDS:
             raise ValueError(
                 f"`linear_start_end` must be one of {LINEAR_START_ENDS}, "
@@ -261,6 +267,7 @@ def build_model(
         crf_edge_unary=config.crf_edge_unary,
         tying=config.tying,
         temporal_encoding=config.temporal_encoding,
+        temporal_init=config.temporal_init,
     )
     if config.query_init == "identity" and model.crf is not None:
         assert model.crf.query_update is not None
