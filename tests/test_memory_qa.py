@@ -229,27 +229,12 @@ def test_temporal_init_zero() -> None:
     torch.manual_seed(4)
     batch = _batch()
     for tying in ("adjacent", "separate"):
-        zero = MemoryQA(
-            30,
-            embed_dim=8,
-            hops=2,
-            memory_size=10,
-            model="binary-crf",
-            tying=tying,
-            temporal_init="zero",
-        )
+        shape = {"embed_dim": 8, "hops": 2, "memory_size": 10, "model": "binary-crf"}
+        zero = MemoryQA(30, **shape, tying=tying, temporal_init="zero")  # type: ignore[arg-type]
         assert zero.temporal.abs().sum() == 0
         if zero.value_temporal is not None:
             assert zero.value_temporal.abs().sum() == 0
-        off = MemoryQA(
-            30,
-            embed_dim=8,
-            hops=2,
-            memory_size=10,
-            model="binary-crf",
-            tying=tying,
-            temporal_encoding=False,
-        )
+        off = MemoryQA(30, **shape, tying=tying, temporal_encoding=False)  # type: ignore[arg-type]
         off.load_state_dict(zero.state_dict())
         torch.testing.assert_close(zero.eval()(*batch).logits, off.eval()(*batch).logits)
         zero.train()(*batch).logits.sum().backward()
