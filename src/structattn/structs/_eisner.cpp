@@ -636,7 +636,7 @@ STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool m
   } else {
     g.inner = Buffer(nn);
   }
-  Buffer scratch(keep ? 1 : 3 * size);  // a span's weights when they are not kept
+  Buffer scratch = keep ? Buffer() : Buffer(3 * size);  // a span's weights, if not kept
   Vec* ch = g.chart.get();
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
@@ -954,14 +954,14 @@ constexpr int64_t kFusedUnit = 1;
 
 // The batch items of each chunk (one chunk per thread), longest first: the items sorted by
 // length (longest first, stable), taken in units of ``unit`` consecutive items (the fused
-// path's groups of kTrees; 1 for the ATen path); the fused groups are dealt to the chunks
-// costliest first, each to the least loaded chunk; the ATen path's items are cut into
-// consecutive blocks so that the costliest chunk costs least. A fused group costs its longest item's length^3
-// (its lanes run together), so a fused chunk costs the sum over its groups; an ATen chunk
-// runs every item over its longest item's charts, so it costs items x that length^3 (an
-// upper bound: the items shorter than the first skip their finished widths). Each chunk's
-// items, and its groups, then have similar lengths; a batch of equal lengths is cut into
-// contiguous ranges of equal size (or fewer ranges than threads when that leaves the
+// path's groups of kTrees; 1 for the ATen path). A fused group costs its longest item's
+// length^3 (its lanes run together); the groups are dealt to the chunks costliest first,
+// each to the least loaded chunk (any group may go to any chunk: its lanes are gathered
+// anyway). An ATen chunk runs every item over its longest item's charts, so it costs items
+// x that length^3 (an upper bound: the items shorter than the first skip their finished
+// widths); its items are cut into consecutive blocks so that the costliest chunk costs
+// least, so each chunk's items have similar lengths, and a batch of equal lengths is cut
+// into contiguous ranges of equal size (or fewer ranges than threads when that leaves the
 // largest the same, e.g. 5 items on 4 threads: 2 + 2 + 1). Scores beyond an item's length
 // are not read when its chunk's charts are cut shorter (nor in the fused path): NaN or inf
 // there reaches its marginals or not depending on the chunking; the distributions mask the
@@ -981,29 +981,11 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
   std::vector<double> cube(units);  // per unit: its longest item's length^3
   for (int64_t u = 0; u < units; ++u)
     cube[u] = std::pow(static_cast<double>(lp[order[u * unit]] + 1), 3);
-  // the first unit of each chunk when no chunk may cost more than ``limit``
-  const auto cut = [&](double limit) {
-    std::vector<int64_t> firsts;
-    double cost = 0;
-    for (int64_t u = 0; u < units; ++u) {
-      const int64_t a = firsts.empty() ? 0 : firsts.back();
-      const double more = unit > 1 ? cost + cube[u] : static_cast<double>(u - a + 1) * cube[a];
-      if (firsts.empty() || more > limit) {
-        firsts.push_back(u);
-        cost = cube[u];
-      } else {
-        cost = more;
-      }
-    }
-    return firsts;
-  };
-  if (unit > 1 && count > 1) {
-    // fused groups: any group may go to any chunk (the lanes are gathered anyway), so each
-    // group, costliest first, goes to the chunk that costs least so far (e.g. groups of
-    // length^3 64, 51, 33, 20 on two threads: 64 + 20 and 51 + 33, where consecutive
-    // blocks could do no better than 64 and 51 + 33 + 20)
-    std::vector<std::vector<int64_t>> items(count);
-    std::vector<double> load(count, 0.0);
+  if (unit > 1) {  // fused groups, costliest first, each to the least loaded chunk (e.g.
+    // groups of length^3 64, 51, 33, 20 on two threads: 64 + 20 and 51 + 33, where
+    // consecutive blocks could do no better than 64 and 51 + 33 + 20)
+    std::vector<std::vector<int64_t>> items(std::max<int64_t>(count, 1));
+    std::vector<double> load(items.size(), 0.0);
     for (int64_t u = 0; u < units; ++u) {
       const int64_t c = std::min_element(load.begin(), load.end()) - load.begin();
       load[c] += cube[u];
@@ -1013,9 +995,18 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
     while (items.size() > 1 && items.back().empty()) items.pop_back();
     return items;
   }
-  double high = 0;  // the whole batch in one chunk
-  for (int64_t u = 0; u < units; ++u) high += unit > 1 ? cube[u] : cube[0];
-  double low = units > 0 ? cube[0] : 0.0;  // no chunk costs less than its costliest unit
+  // the ATen path (units are items): the first item of each chunk when no chunk may cost
+  // more than ``limit``, a chunk from item a to item u costing (u - a + 1) x cube[a]
+  const auto cut = [&](double limit) {
+    std::vector<int64_t> firsts;
+    for (int64_t u = 0; u < batch; ++u)
+      if (firsts.empty() ||
+          static_cast<double>(u - firsts.back() + 1) * cube[firsts.back()] > limit)
+        firsts.push_back(u);
+    return firsts;
+  };
+  double high = batch > 0 ? static_cast<double>(batch) * cube[0] : 0.0;  // one chunk
+  double low = batch > 0 ? cube[0] : 0.0;  // no chunk costs less than its costliest item
   std::vector<int64_t> firsts = cut(high);
   if (count > 1) {
     for (int iter = 0; iter < 64 && high - low > 0.5; ++iter) {  // the least feasible limit
@@ -1030,9 +1021,8 @@ std::vector<std::vector<int64_t>> chunk_items(const Tensor& last, int64_t unit) 
   }
   std::vector<std::vector<int64_t>> items(std::max<size_t>(firsts.size(), 1));
   for (size_t c = 0; c < firsts.size(); ++c) {
-    const int64_t from = firsts[c] * unit;
-    const int64_t to = c + 1 < firsts.size() ? firsts[c + 1] * unit : batch;
-    for (int64_t i = from; i < to; ++i) items[c].push_back(order[i]);
+    const int64_t to = c + 1 < firsts.size() ? firsts[c + 1] : batch;
+    for (int64_t i = firsts[c]; i < to; ++i) items[c].push_back(order[i]);
   }
   return items;
 }
