@@ -425,6 +425,15 @@ def _eisner_backtrack(
     return _arc_grads(grad)
 
 
+def _map_kernels(arc_scores: Tensor) -> Any:
+    """The compiled kernels if their MAP kernel (``eisner_map``) serves ``arc_scores``: built
+    with it, CPU float32/64, at most _MAP_FUSED_SIZE positions; else None."""
+    kernels = compiled_kernels(arc_scores)
+    if kernels is None or not hasattr(kernels, "eisner_map"):
+        return None
+    return kernels if arc_scores.shape[-1] <= _MAP_FUSED_SIZE else None
+
+
 class _EisnerMax(torch.autograd.Function):
     """Score of the best projective tree, [B] (forward: max-inside pass on an in-place chart,
     keeping the best split points; backward: the backtrack by hand, the best tree's arcs times
@@ -434,10 +443,9 @@ class _EisnerMax(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
-        kernels = compiled_kernels(arc_scores)
+        kernels = _map_kernels(arc_scores)
         ctx.size = arc_scores.shape[-1]
-        fused = ctx.size <= _MAP_FUSED_SIZE and hasattr(kernels, "eisner_map")
-        if kernels is not None and fused:  # fused C++ pass + backtrack
+        if kernels is not None:  # fused C++ pass + backtrack
             score, ctx.heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
             return score
         ctx.heads = None
@@ -470,13 +478,12 @@ def eisner_argmax(
     anyway); the same tree as :func:`eisner_max`'s gradient. ``None`` where that kernel does
     not apply (not built, not CPU float32/64, more than _MAP_FUSED_SIZE positions):
     differentiate :func:`eisner_max` instead."""
-    kernels = compiled_kernels(arc_scores)
-    size = arc_scores.shape[-1]
-    if kernels is None or not hasattr(kernels, "eisner_map") or size > _MAP_FUSED_SIZE:
+    kernels = _map_kernels(arc_scores)
+    if kernels is None:
         return None
     scores = arc_scores.detach().to(torch.float64, copy=True)
     scores[:, :, 0] = float("-inf")  # no arc into ROOT
-    last = last_index(lengths, arc_scores.shape[0], size, arc_scores.device)
+    last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
     score, heads = kernels.eisner_map(scores, last, multiroot)
     return score, heads
 
