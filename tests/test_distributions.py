@@ -454,6 +454,12 @@ def test_works_under_no_grad_and_inference_mode() -> None:
         chain = LinearChainCRF(torch.randn(2, 4, 3)).marginals
     torch.testing.assert_close(marg, marg2)
     assert chain.shape == (2, 4, 3)
+    # the cached [N, N] masks of a size first seen under inference_mode serve autograd later
+    with torch.inference_mode():
+        assert DependencyCRF(torch.randn(2, 11, 11)).log_partition.isfinite().all()
+    arcs = torch.randn(2, 11, 11, requires_grad=True)
+    DependencyCRF(arcs).log_partition.sum().backward()
+    assert arcs.grad is not None and bool(arcs.grad.isfinite().all())
 
 
 # ---- property-based ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 
 import torch
@@ -166,6 +167,19 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
     return torch.where(real, parent, heads)
 
 
+@functools.lru_cache(maxsize=32)
+def _arc_fill(size: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(allowed BoolTensor [N, N]: not an arc into ROOT nor a self loop; fill [N, N]: -inf
+    where not allowed, 0 elsewhere), cached per size, dtype and device (normal tensors even
+    when first asked for under ``torch.inference_mode``: autograd may save them later)."""
+    with torch.inference_mode(False), torch.no_grad():
+        banned = torch.zeros(size, size, dtype=torch.bool, device=device)
+        banned[:, 0] = True  # no arc into ROOT
+        banned.fill_diagonal_(True)  # no self loops
+        fill = torch.zeros(size, size, dtype=dtype, device=device)
+        return ~banned, fill.masked_fill(banned, float("-inf"))
+
+
 class TreeCRFBase(StructuredDistribution):
     """Shared parts of the dependency-tree CRFs: validation, padding, heads <-> arcs."""
 
@@ -206,14 +220,11 @@ class TreeCRFBase(StructuredDistribution):
     def _parts(self, *raw: Tensor) -> tuple[Tensor]:
         (arc_scores,) = raw
         size = arc_scores.shape[-1]
-        banned = torch.zeros(size, size, dtype=torch.bool, device=arc_scores.device)
-        banned[:, 0] = True  # no arc into ROOT
-        banned.fill_diagonal_(True)  # no self loops
-        if self.lengths is not None:
+        allowed, fill = _arc_fill(size, arc_scores.dtype, arc_scores.device)  # [N, N] each
+        if self.lengths is not None:  # padding -> 0, banned -> -inf, in one op (and backward)
             mask = self.mask
-            padding = ~(mask.unsqueeze(-1) & mask.unsqueeze(1))  # [B, N, N]
-            arc_scores = arc_scores.masked_fill(padding, 0.0)
-        return (arc_scores.masked_fill(banned, float("-inf")),)
+            allowed = mask.unsqueeze(-1) & mask.unsqueeze(1) & allowed  # [B, N, N]
+        return (torch.where(allowed, arc_scores, fill),)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
         (arc_ind,) = indicators  # [B, N, N]
