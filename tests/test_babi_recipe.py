@@ -263,9 +263,11 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
         parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])
     )
     for model in ("unary-crf", "binary-crf"):
-        built = babi.build_model(babi.BabiConfig(model=model, crf_query="memory"), vocab)
-        assert built.crf is not None and built.crf.query_mode == "memory"
-        assert built.crf.query_update is None
+        for query in ("memory", "hop"):
+            config = babi.BabiConfig(model=model, crf_query=query)  # type: ignore[arg-type]
+            built = babi.build_model(config, vocab)
+            assert built.crf is not None and built.crf.query_mode == query
+            assert built.crf.query_update is None
     with pytest.raises(ValueError, match="crf_query"):
         babi.BabiConfig(crf_query="greedy")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tying"):
@@ -277,6 +279,8 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
     assert built.crf is not None and built.crf.edge_unary == "per-edge"
     with pytest.raises(ValueError, match="query_init"):
         babi.BabiConfig(crf_query="memory", query_init="identity")
+    with pytest.raises(ValueError, match="query_init"):
+        babi.BabiConfig(crf_query="hop", query_init="identity")
     out = tmp_path / "run"
     common = ["--data-dir", str(data_dir), "--progress", "false", "--batch-size", "8"]
     args = ["train", "babi", "--task", "2", "--model", "binary-crf", "--crf-query", "memory"]

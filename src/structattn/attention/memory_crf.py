@@ -9,11 +9,12 @@ from torch import Tensor, nn
 
 from .._validation import check_mask
 from ..distributions import LinearChainCRF
+from ._common import masked_softmax
 
 __all__ = ["EDGE_UNARIES", "QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
 
 #: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
-QUERY_MODES = ("linear", "memory")
+QUERY_MODES = ("linear", "memory", "hop")
 #: how often the binary model counts theta_k (MemoryCRFAttention's ``edge_unary``)
 EDGE_UNARIES = ("once", "per-edge")
 
@@ -37,7 +38,9 @@ class MemoryCRFAttention(nn.Module):
     values o_i^k and queries q_{k+1} = Q q_k (``query_mode="linear"``, the paper's text) or
     q_{k+1} = sum_i theta_k(i) o_i^k over the real facts (``"memory"``: a fact-dependent
     linear map of q_k, M_k^T X_k q_k, as the SAN authors' released unary model computes its
-    second query; it lets a later step's potentials depend on what the story says):
+    second query; it lets a later step's potentials depend on what the story says) or
+    q_{k+1} = q_k + sum_i softmax(theta_k)(i) o_i^k (``"hop"``: MemN2N's hop, so the CRF's
+    unary potentials are MemN2N's attention scores and the pairwise ones come on top):
 
     .. math:: \theta_k(i) = (x_i^k)^\top q_k, \qquad
               \theta_{k,k+1}(i, j) = (x_i^k)^\top x_j^{k+1}\ \ (\text{binary model})
@@ -54,8 +57,9 @@ class MemoryCRFAttention(nn.Module):
         binary: add the fact-to-fact pairwise potentials (default True).
         no_repeat: forbid selecting the same fact at consecutive steps (default: ``binary``).
         normalize_potentials: log-softmax the unary potentials over facts at each step.
-        query_mode: ``"linear"`` (Q, a learned D x D map) or ``"memory"`` (no parameters;
-            the raw scores theta_k, before any log-softmax, weight the values).
+        query_mode: ``"linear"`` (Q, a learned D x D map), ``"memory"`` (no parameters;
+            the raw scores theta_k, before any log-softmax, weight the values) or ``"hop"``
+            (no parameters; q_k plus the values weighted by softmax(theta_k), MemN2N's hop).
         edge_unary: ``"once"`` (each theta_k once) or ``"per-edge"`` (binary model: the
             paper's edge potentials summed, so the inner steps' theta_k count twice; the
             same as ``"once"`` for K <= 2).
@@ -63,7 +67,8 @@ class MemoryCRFAttention(nn.Module):
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
     ``pairwise=False`` drops the binary model's fact-to-fact potentials for one call.
-    :meth:`crf`, :meth:`decode` and :meth:`topk` need ``values`` in ``"memory"`` mode.
+    :meth:`crf`, :meth:`decode` and :meth:`topk` need ``values`` in ``"memory"`` and
+    ``"hop"`` modes.
     Items whose constraints leave no valid fact sequence (e.g. one fact with ``no_repeat``
     and K >= 2) get zero marginals and a zero context.
 
@@ -81,7 +86,7 @@ class MemoryCRFAttention(nn.Module):
         binary: bool = True,
         no_repeat: bool | None = None,
         normalize_potentials: bool = False,
-        query_mode: Literal["linear", "memory"] = "linear",
+        query_mode: Literal["linear", "memory", "hop"] = "linear",
         edge_unary: Literal["once", "per-edge"] = "once",
     ) -> None:
         super().__init__()
@@ -116,7 +121,9 @@ class MemoryCRFAttention(nn.Module):
     def queries(self, query: Tensor) -> Tensor:
         """q_1..q_K, [B, K, D] (``"linear"`` mode: they do not depend on the facts)."""
         if self.query_update is None:
-            raise ValueError("`queries` needs the facts in 'memory' mode: use `crf(..., values)`")
+            raise ValueError(
+                f"`queries` needs the facts in {self.query_mode!r} mode: use `crf(..., values)`"
+            )
         out = [query]
         for _ in range(self.steps - 1):
             out.append(self.query_update(out[-1]))
@@ -130,7 +137,7 @@ class MemoryCRFAttention(nn.Module):
             queries = self.queries(query)
             return torch.einsum("bknd,bkd->bkn", keys, queries), queries
         if values is None:
-            raise ValueError("`values` are needed to form the queries in 'memory' mode")
+            raise ValueError(f"`values` are needed to form the queries in {self.query_mode!r} mode")
         values = self._per_step(values, "values")
         if values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"`values` {tuple(values.shape)} must match `keys`' [B, K, n]")
@@ -141,7 +148,10 @@ class MemoryCRFAttention(nn.Module):
             steps.append(q)
             theta = torch.einsum("bnd,bd->bn", keys[:, k], q).masked_fill(~mask, 0.0)
             scores.append(theta)
-            q = torch.einsum("bn,bnd->bd", theta, values[:, k])
+            if self.query_mode == "hop":  # MemN2N: q_{k+1} = q_k + sum_i p_k(i) o_i^k
+                q = q + torch.einsum("bn,bnd->bd", masked_softmax(theta, mask), values[:, k])
+            else:
+                q = torch.einsum("bn,bnd->bd", theta, values[:, k])
         return torch.stack(scores, 1), torch.stack(steps, 1)
 
     def crf(
@@ -154,7 +164,7 @@ class MemoryCRFAttention(nn.Module):
     ) -> tuple[LinearChainCRF, Tensor, Tensor | None, Tensor]:
         """The fact-sequence CRF and its (unary, pairwise, queries); ``pairwise=False`` leaves
         out the fact-to-fact potentials of the binary model for this call (``no_repeat`` is
-        kept); ``values`` only for ``"memory"`` queries."""
+        kept); ``values`` only for ``"memory"`` and ``"hop"`` queries."""
         if query.dim() != 2 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]
