@@ -165,15 +165,21 @@ def test_memory_crf_against_brute_force(binary: bool) -> None:
         assert (out.edge_marginals.diagonal(dim1=-2, dim2=-1) == 0).all()
 
 
-@pytest.mark.parametrize("mode", ["memory", "hop"])
+@pytest.mark.parametrize("mode", ["memory", "hop", "both"])
 @pytest.mark.parametrize("binary", [False, True])
 def test_memory_crf_memory_queries_against_brute_force(binary: bool, mode: str) -> None:
     """query_mode="memory": q_{k+1} = sum_i theta_k(i) o_i^k over the real facts; "hop":
-    q_{k+1} = q_k + sum_i softmax(theta_k)(i) o_i^k (MemN2N); then the same CRF as in linear
-    mode; padding never changes anything; values are required."""
+    q_{k+1} = q_k + sum_i softmax(theta_k)(i) o_i^k (MemN2N); "both": Q q_k + the memory
+    term; then the same CRF as in linear mode; padding never changes anything; values are
+    required."""
     k, n = 3, 5
     layer = MemoryCRFAttention(D, steps=k, binary=binary, query_mode=mode).double()  # type: ignore[arg-type]
-    assert layer.query_update is None and not any(True for _ in layer.parameters())
+    if mode == "both":
+        assert layer.query_update is not None
+        with torch.no_grad():
+            layer.query_update.weight.normal_()
+    else:
+        assert layer.query_update is None and not any(True for _ in layer.parameters())
     mask = torch.tensor([[True] * n, [True, False, True, True, False]])
     query = torch.randn(2, D, dtype=torch.float64)
     keys = torch.randn(2, k, n, D, dtype=torch.float64)
@@ -188,6 +194,9 @@ def test_memory_crf_memory_queries_against_brute_force(binary: bool, mode: str) 
             torch.testing.assert_close(out.queries[b, s], q)
             if mode == "hop":
                 q = q + theta.softmax(0) @ values[b, s, real]
+            elif mode == "both":
+                assert layer.query_update is not None
+                q = layer.query_update.weight @ q + theta @ values[b, s, real]
             else:
                 q = theta @ values[b, s, real]
         unary_t = torch.stack(unary)
@@ -209,7 +218,7 @@ def test_memory_crf_memory_queries_against_brute_force(binary: bool, mode: str) 
     again = layer(query, keys2, values2, mask)
     torch.testing.assert_close(again.context, out.context)
     inputs = (query[1:], keys[1:, :, :, :3], values[1:, :, :, :3])
-    small = MemoryCRFAttention(3, steps=k, binary=binary, query_mode=mode)  # type: ignore[arg-type]
+    small = MemoryCRFAttention(3, steps=k, binary=binary, query_mode=mode).double()  # type: ignore[arg-type]
     assert torch.autograd.gradcheck(
         lambda q_, k_, v_: small(q_[:, :3], k_, v_, mask[1:]).context,
         tuple(x.clone().requires_grad_() for x in inputs),

@@ -263,11 +263,11 @@ def test_crf_query_reaches_the_model_and_trains(data_dir: Path, tmp_path: Path, 
         parse_babi_lines(["1 Mary went home.", "2 Where is Mary?\thome\t1"])
     )
     for model in ("unary-crf", "binary-crf"):
-        for query in ("memory", "hop"):
+        for query in ("memory", "hop", "both"):
             config = babi.BabiConfig(model=model, crf_query=query)  # type: ignore[arg-type]
             built = babi.build_model(config, vocab)
             assert built.crf is not None and built.crf.query_mode == query
-            assert built.crf.query_update is None
+            assert (built.crf.query_update is None) == (query != "both")  # Q in "both" only
     with pytest.raises(ValueError, match="crf_query"):
         babi.BabiConfig(crf_query="greedy")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tying"):

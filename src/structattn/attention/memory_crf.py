@@ -14,7 +14,7 @@ from ._common import masked_softmax
 __all__ = ["EDGE_UNARIES", "QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
 
 #: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
-QUERY_MODES = ("linear", "memory", "hop")
+QUERY_MODES = ("linear", "memory", "hop", "both")
 #: how often the binary model counts theta_k (MemoryCRFAttention's ``edge_unary``)
 EDGE_UNARIES = ("once", "per-edge")
 
@@ -38,9 +38,10 @@ class MemoryCRFAttention(nn.Module):
     values o_i^k and queries q_{k+1} = Q q_k (``query_mode="linear"``, the paper's text) or
     q_{k+1} = sum_i theta_k(i) o_i^k over the real facts (``"memory"``: a fact-dependent
     linear map of q_k, M_k^T X_k q_k, as the SAN authors' released unary model computes its
-    second query; it lets a later step's potentials depend on what the story says) or
+    second query; it lets a later step's potentials depend on what the story says),
     q_{k+1} = q_k + sum_i softmax(theta_k)(i) o_i^k (``"hop"``: MemN2N's hop, so the CRF's
-    unary potentials are MemN2N's attention scores and the pairwise ones come on top):
+    unary potentials are MemN2N's attention scores and the pairwise ones come on top) or
+    q_{k+1} = Q q_k + sum_i theta_k(i) o_i^k (``"both"``: the paper's and the authors' terms):
 
     .. math:: \theta_k(i) = (x_i^k)^\top q_k, \qquad
               \theta_{k,k+1}(i, j) = (x_i^k)^\top x_j^{k+1}\ \ (\text{binary model})
@@ -58,8 +59,9 @@ class MemoryCRFAttention(nn.Module):
         no_repeat: forbid selecting the same fact at consecutive steps (default: ``binary``).
         normalize_potentials: log-softmax the unary potentials over facts at each step.
         query_mode: ``"linear"`` (Q, a learned D x D map), ``"memory"`` (no parameters;
-            the raw scores theta_k, before any log-softmax, weight the values) or ``"hop"``
-            (no parameters; q_k plus the values weighted by softmax(theta_k), MemN2N's hop).
+            the raw scores theta_k, before any log-softmax, weight the values), ``"hop"``
+            (no parameters; q_k plus the values weighted by softmax(theta_k), MemN2N's hop)
+            or ``"both"`` (Q q_k plus the ``"memory"`` term).
         edge_unary: ``"once"`` (each theta_k once) or ``"per-edge"`` (binary model: the
             paper's edge potentials summed, so the inner steps' theta_k count twice; the
             same as ``"once"`` for K <= 2).
@@ -67,8 +69,8 @@ class MemoryCRFAttention(nn.Module):
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
     ``pairwise=False`` drops the binary model's fact-to-fact potentials for one call.
-    :meth:`crf`, :meth:`decode` and :meth:`topk` need ``values`` in ``"memory"`` and
-    ``"hop"`` modes.
+    :meth:`crf`, :meth:`decode` and :meth:`topk` need ``values`` in every mode but
+    ``"linear"``.
     Items whose constraints leave no valid fact sequence (e.g. one fact with ``no_repeat``
     and K >= 2) get zero marginals and a zero context.
 
@@ -86,7 +88,7 @@ class MemoryCRFAttention(nn.Module):
         binary: bool = True,
         no_repeat: bool | None = None,
         normalize_potentials: bool = False,
-        query_mode: Literal["linear", "memory", "hop"] = "linear",
+        query_mode: Literal["linear", "memory", "hop", "both"] = "linear",
         edge_unary: Literal["once", "per-edge"] = "once",
     ) -> None:
         super().__init__()
@@ -103,9 +105,11 @@ class MemoryCRFAttention(nn.Module):
         self.binary = binary
         self.no_repeat = binary if no_repeat is None else no_repeat
         self.normalize_potentials = normalize_potentials
-        # q_{k+1} = Q q_k (linear mode only)
+        # q_{k+1} = Q q_k (linear and both modes)
         self.query_update = (
-            nn.Linear(embed_dim, embed_dim, bias=False) if query_mode == "linear" else None
+            nn.Linear(embed_dim, embed_dim, bias=False)
+            if query_mode in ("linear", "both")
+            else None
         )
 
     def _per_step(self, x: Tensor, name: str) -> Tensor:
@@ -120,7 +124,7 @@ class MemoryCRFAttention(nn.Module):
 
     def queries(self, query: Tensor) -> Tensor:
         """q_1..q_K, [B, K, D] (``"linear"`` mode: they do not depend on the facts)."""
-        if self.query_update is None:
+        if self.query_mode != "linear" or self.query_update is None:
             raise ValueError(
                 f"`queries` needs the facts in {self.query_mode!r} mode: use `crf(..., values)`"
             )
@@ -133,7 +137,7 @@ class MemoryCRFAttention(nn.Module):
         self, query: Tensor, keys: Tensor, values: Tensor | None, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
         """(theta [B, K, n] raw, real facts only; queries [B, K, D])."""
-        if self.query_update is not None:
+        if self.query_mode == "linear":
             queries = self.queries(query)
             return torch.einsum("bknd,bkd->bkn", keys, queries), queries
         if values is None:
@@ -151,7 +155,8 @@ class MemoryCRFAttention(nn.Module):
             if self.query_mode == "hop":  # MemN2N: q_{k+1} = q_k + sum_i p_k(i) o_i^k
                 q = q + torch.einsum("bn,bnd->bd", masked_softmax(theta, mask), values[:, k])
             else:
-                q = torch.einsum("bn,bnd->bd", theta, values[:, k])
+                read = torch.einsum("bn,bnd->bd", theta, values[:, k])
+                q = read if self.query_update is None else self.query_update(q) + read
         return torch.stack(scores, 1), torch.stack(steps, 1)
 
     def crf(
@@ -164,7 +169,7 @@ class MemoryCRFAttention(nn.Module):
     ) -> tuple[LinearChainCRF, Tensor, Tensor | None, Tensor]:
         """The fact-sequence CRF and its (unary, pairwise, queries); ``pairwise=False`` leaves
         out the fact-to-fact potentials of the binary model for this call (``no_repeat`` is
-        kept); ``values`` only for ``"memory"`` and ``"hop"`` queries."""
+        kept); ``values`` for every query mode but ``"linear"``."""
         if query.dim() != 2 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]

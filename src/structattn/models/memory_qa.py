@@ -93,9 +93,9 @@ class MemoryQA(nn.Module):
     sentence's own length, as the paper's formula reads; a pair of fixed widths = the padded
     widths both public codes use). ``crf_query`` (CRF models): ``"linear"`` q_{k+1} = Q q_k
     (the paper's text), ``"memory"`` q_{k+1} = sum_i theta_k(i) o_i^k (the SAN authors'
-    released unary model: the next query depends on the facts) or ``"hop"`` q_{k+1} = q_k +
+    released unary model: the next query depends on the facts), ``"hop"`` q_{k+1} = q_k +
     sum_i softmax(theta_k)(i) o_i^k (MemN2N's hop: its attention scores become the CRF's
-    unary potentials); ``crf_edge_unary``
+    unary potentials) or ``"both"`` q_{k+1} = Q q_k + sum_i theta_k(i) o_i^k; ``crf_edge_unary``
     (binary CRF, K > 2): ``"once"`` or ``"per-edge"`` (the paper's edge potentials summed:
     the inner steps' theta_k count twice); ``tying``: ``"adjacent"`` (MemN2N's, above) or
     ``"separate"`` (the SAN authors' released CRF code: the values o_i^k come from their own

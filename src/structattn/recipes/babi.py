@@ -97,9 +97,9 @@ class BabiConfig:
     # linear start does to the CRFs: nothing (the paper's text; the log-softmax alone does
     # not change the CRF), no fact-to-fact potentials, or the context from the raw scores
     query_init: Literal["default", "identity"] = "default"  # CRF models' Q (identity: q_k = q)
-    crf_query: Literal["linear", "memory", "hop"] = "linear"  # CRF models' q_{k+1}: Q q_k
-    # (the paper's text), sum_i theta_k(i) o_i^k (the authors' released unary model's code)
-    # or q_k + sum_i softmax(theta_k)(i) o_i^k (MemN2N's hop)
+    crf_query: Literal["linear", "memory", "hop", "both"] = "linear"  # CRF models' q_{k+1}:
+    # Q q_k (the paper's text), sum_i theta_k(i) o_i^k (the authors' released unary model's
+    # code), q_k + sum_i softmax(theta_k)(i) o_i^k (MemN2N's hop) or Q q_k + the memory term
     crf_edge_unary: Literal["once", "per-edge"] = "once"  # binary CRF, K > 2: each theta_k
     # once, or as the sum of the paper's edge potentials (inner steps' theta_k twice)
     tying: Literal["adjacent", "separate"] = "adjacent"  # MemN2N's adjacent tying, or own
@@ -168,7 +168,7 @@ class BabiConfig:
             raise ValueError("`fact_supervision_epochs` needs a `fact_supervision` weight > 0")
         if self.tying not in TYINGS:
             raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
-        if self.crf_query != "linear" and self.query_init == "identity":
+        if self.crf_query not in ("linear", "both") and self.query_init == "identity":
             raise ValueError(
                 f"`query_init identity` sets Q, which `crf_query {self.crf_query}` does not have"
             )
