@@ -11,10 +11,18 @@ from .._validation import check_mask
 from ..distributions import LinearChainCRF
 from ._common import masked_softmax
 
-__all__ = ["EDGE_UNARIES", "QUERY_MODES", "MemoryCRFAttention", "MemoryCRFOutput"]
+__all__ = [
+    "EDGE_UNARIES",
+    "LINEAR_QUERY_MODES",
+    "QUERY_MODES",
+    "MemoryCRFAttention",
+    "MemoryCRFOutput",
+]
 
 #: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
 QUERY_MODES = ("linear", "memory", "hop", "both")
+#: the query modes with the learned map Q (``query_update``)
+LINEAR_QUERY_MODES = ("linear", "both")
 #: how often the binary model counts theta_k (MemoryCRFAttention's ``edge_unary``)
 EDGE_UNARIES = ("once", "per-edge")
 
@@ -105,10 +113,10 @@ class MemoryCRFAttention(nn.Module):
         self.binary = binary
         self.no_repeat = binary if no_repeat is None else no_repeat
         self.normalize_potentials = normalize_potentials
-        # q_{k+1} = Q q_k (linear and both modes)
+        # Q of q_{k+1} = Q q_k (+ the fact read in "both" mode)
         self.query_update = (
             nn.Linear(embed_dim, embed_dim, bias=False)
-            if query_mode in ("linear", "both")
+            if query_mode in LINEAR_QUERY_MODES
             else None
         )
 
@@ -156,7 +164,10 @@ class MemoryCRFAttention(nn.Module):
                 q = q + torch.einsum("bn,bnd->bd", masked_softmax(theta, mask), values[:, k])
             else:
                 read = torch.einsum("bn,bnd->bd", theta, values[:, k])
-                q = read if self.query_update is None else self.query_update(q) + read
+                if self.query_mode == "both":  # Q q_k + the read
+                    assert self.query_update is not None
+                    read = self.query_update(q) + read
+                q = read
         return torch.stack(scores, 1), torch.stack(steps, 1)
 
     def crf(

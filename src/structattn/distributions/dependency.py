@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 from torch import Tensor
@@ -167,7 +166,7 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
     return torch.where(real, parent, heads)
 
 
-@functools.lru_cache(maxsize=32)
+@lru_cache(maxsize=32)
 def _arc_fill(size: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
     """(allowed BoolTensor [N, N]: not an arc into ROOT nor a self loop; fill [N, N]: -inf
     where not allowed, 0 elsewhere), cached per size, dtype and device (normal tensors even

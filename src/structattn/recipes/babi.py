@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.memory_crf import EDGE_UNARIES, QUERY_MODES
+from ..attention.memory_crf import EDGE_UNARIES, LINEAR_QUERY_MODES, QUERY_MODES
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
@@ -168,7 +168,7 @@ class BabiConfig:
             raise ValueError("`fact_supervision_epochs` needs a `fact_supervision` weight > 0")
         if self.tying not in TYINGS:
             raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
-        if self.crf_query not in ("linear", "both") and self.query_init == "identity":
+        if self.crf_query not in LINEAR_QUERY_MODES and self.query_init == "identity":
             raise ValueError(
                 f"`query_init identity` sets Q, which `crf_query {self.crf_query}` does not have"
             )
