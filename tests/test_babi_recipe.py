@@ -76,6 +76,10 @@ def test_cli_train_eval_each_model(model: str, data_dir: Path, tmp_path: Path, c
         done = json.loads((out / run / "done.json").read_text())
         assert done["test"]["questions"] == 20 and 0 <= done["test"]["ans"] <= 100
         assert (out / run / "model.pt").exists() and (out / run / "metrics.jsonl").exists()
+        epochs = [json.loads(line) for line in (out / run / "metrics.jsonl").open()]
+        last = [e["train_loss"] for e in epochs if e.get("kind") == "epoch"][-1]
+        assert done["final_train_loss"] == last  # the last epoch's, kept in the record
+    assert summary["converged"] == sum(r["final_train_loss"] < 0.1 for r in summary["run_scores"])
     # the best run is the best on validation, and Ans % is its test accuracy
     best = max(summary["run_scores"], key=lambda r: (r["valid"]["ans"], -r["valid"]["loss"]))
     assert summary["best_run"] == best["run"] and summary["ans"] == best["test"]["ans"]
@@ -142,15 +146,20 @@ def test_reproduce_prints_table_beside_paper(data_dir: Path, tmp_path: Path, cap
 
 
 def test_summarize_selection_and_fact_mean(tmp_path: Path) -> None:
-    scores = [  # (valid ans, valid loss, test ans, test fact)
-        (80.0, 0.5, 70.0, 10.0),
-        (90.0, 0.9, 60.0, 20.0),
-        (90.0, 0.4, 65.0, 40.0),  # best: ties on accuracy, lower loss
-        (50.0, 0.1, 99.0, 90.0),
+    scores = [  # (valid ans, valid loss, test ans, test fact, last epoch's training loss)
+        (80.0, 0.5, 70.0, 10.0, 0.05),
+        (90.0, 0.9, 60.0, 20.0, 0.1),  # not below 0.1: not converged
+        (90.0, 0.4, 65.0, 40.0, 0.02),  # best: ties on accuracy, lower loss
+        (50.0, 0.1, 99.0, 90.0, 0.5),
     ]
-    for i, (va, vl, ta, tf) in enumerate(scores):
+    for i, (va, vl, ta, tf, final) in enumerate(scores):
         run = tmp_path / f"run_{i:02d}"
         run.mkdir()
+        epochs = [
+            {"kind": "epoch", "epoch": e, "train_loss": loss} for e, loss in [(1, 3.0), (2, final)]
+        ]
+        lines = [json.dumps(e) for e in epochs] + ['{"kind": "epo']  # a line cut short
+        (run / "metrics.jsonl").write_text("\n".join(lines))
         record = {
             "run": run.name,
             "seed": i,
@@ -165,6 +174,14 @@ def test_summarize_selection_and_fact_mean(tmp_path: Path) -> None:
     assert summary is not None
     assert summary["best_run"] == "run_02" and summary["ans"] == 65.0
     assert summary["fact"] == pytest.approx((40.0 + 20.0) / 2) and summary["fact_runs"] == 2
+    # done.json records without the final loss (older runs) read it from metrics.jsonl
+    assert [r["final_train_loss"] for r in summary["run_scores"]] == [0.02, 0.1, 0.05, 0.5]
+    assert summary["converged"] == 2
+    table = babi.format_runs({2: {"binary-crf": summary}})
+    assert "| 2 | 4, 2, 2.0 |" in table and "converged" in table
+    record = json.loads((tmp_path / "run_00" / "done.json").read_text())
+    (tmp_path / "run_00" / "done.json").write_text(json.dumps({**record, "final_train_loss": 9.0}))
+    assert babi.summarize(tmp_path, config, predictions=False)["converged"] == 1  # kept value wins
     assert babi.summarize(tmp_path / "empty", config) is None
 
 

@@ -54,7 +54,9 @@ from .base import GridAxis, Preset, Recipe, accuracy_metric
 __all__ = [
     "RECIPE",
     "BabiConfig",
+    "CONVERGED_LOSS",
     "build_model",
+    "converged",
     "evaluate",
     "fact_supervision_weight",
     "format_runs",
@@ -71,6 +73,8 @@ __all__ = [
 MODEL_NAMES = {"memn2n": "MemN2N", "binary-crf": "Binary CRF", "unary-crf": "Unary CRF"}
 TABLE_ORDER = ("memn2n", "binary-crf", "unary-crf")  # the paper's column order
 LINEAR_START_ENDS = ("epochs", "validation")
+#: a run has converged when its last epoch's training loss (per question) is below this
+CONVERGED_LOSS = 0.1
 
 #: MemN2N's optimisation (Appendix A.4): summed-loss SGD 0.01 halved every 25 epochs, clip 40
 PAPER_TRAIN = TrainConfig(
@@ -510,8 +514,16 @@ def _select(record: Mapping[str, Any]) -> float:
     return accuracy_metric(valid["ans"] / 100, valid["loss"])
 
 
+def converged(records: Sequence[Mapping[str, Any]]) -> int:
+    """How many runs converged: final training loss (per question) below
+    :data:`CONVERGED_LOSS`."""
+    losses = [r.get("final_train_loss") for r in records]
+    return sum(1 for loss in losses if loss is not None and loss < CONVERGED_LOSS)
+
+
 def _summarize(config: BabiConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Ans % of the best run on validation, Fact % averaged over the ``fact_runs`` best."""
+    """Ans % of the best run on validation, Fact % averaged over the ``fact_runs`` best, and
+    the number of runs that converged."""
     best = records[0]
     facts = [r["test"]["fact"] for r in records[: config.fact_runs]]
     return {
@@ -523,6 +535,7 @@ def _summarize(config: BabiConfig, records: Sequence[Mapping[str, Any]]) -> dict
         "fact": None if any(f is None for f in facts) else sum(facts) / len(facts),
         "best_run_fact": best["test"]["fact"],
         "valid_ans": best["valid"]["ans"] if best["valid"] else None,
+        "converged": converged(records),
     }
 
 
@@ -611,17 +624,19 @@ def format_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
 
 
 def format_runs(results: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """Markdown table: runs finished per task and model, and the mean seconds per run."""
+    """Markdown table: runs finished per task and model, how many of them converged (final
+    training loss below :data:`CONVERGED_LOSS`), and the mean seconds per run."""
     models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
     lines = [
-        "| Task | " + " | ".join(f"{MODEL_NAMES[m]} runs, s/run" for m in models) + " |",
+        "| Task | " + " | ".join(f"{MODEL_NAMES[m]} runs, converged, s/run" for m in models) + " |",
         "|---|" + "---|" * len(models),
     ]
     for task in sorted(results):
         cells = []
         for m in models:
             r = results[task].get(m)
-            cells.append(f"{r['runs']}, {r['seconds_per_run']:.1f}" if r else "-")
+            done = "-" if r is None or r.get("converged") is None else str(r["converged"])
+            cells.append(f"{r['runs']}, {done}, {r['seconds_per_run']:.1f}" if r else "-")
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -41,6 +41,7 @@ __all__ = [
     "RunJob",
     "available_cores",
     "execute",
+    "final_train_loss",
     "markdown_table",
     "plan_runs",
     "rank",
@@ -175,6 +176,23 @@ def _check_same_config(recipe: Recipe, config: Any, run_dir: Path) -> None:
         )
 
 
+def final_train_loss(run_dir: str | os.PathLike[str]) -> float | None:
+    """The training loss of the run's last logged epoch (``metrics.jsonl``; ``None`` when no
+    epoch was logged)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a killed run
+            continue
+        if entry.get("kind") == "epoch" and "train_loss" in entry:
+            last = float(entry["train_loss"])
+    return last
+
+
 def run_one(recipe: Recipe, job: RunJob) -> dict[str, Any] | None:
     """Train and score one run; write and return its ``done.json`` record (``None`` on
     ranks > 0 under torchrun, which only train)."""
@@ -190,6 +208,7 @@ def run_one(recipe: Recipe, job: RunJob) -> dict[str, Any] | None:
         "best_epoch": info.get("best", {}).get("epoch", job.config.train.epochs),
         "seconds": seconds,
         "train": info,
+        "final_train_loss": final_train_loss(job.run_dir),
         **scores,
     }
     write_json(job.run_dir / "done.json", record)
@@ -264,10 +283,17 @@ def execute(
 
 # ---- cells -----------------------------------------------------------------------------------
 def read_records(recipe: Recipe, out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The ``done.json`` records of a cell's finished runs, best on validation first."""
+    """The ``done.json`` records of a cell's finished runs, best on validation first (records
+    written before ``final_train_loss`` was kept get it from the run's ``metrics.jsonl``)."""
     out = Path(out_dir)
     paths = sorted(out.glob("run_*/done.json")) if recipe.multi_run else [out / "done.json"]
-    records = [json.loads(p.read_text()) for p in paths if p.exists()]
+    records = []
+    for path in paths:
+        if path.exists():
+            record = json.loads(path.read_text())
+            if "final_train_loss" not in record:
+                record["final_train_loss"] = final_train_loss(path.parent)
+            records.append(record)
     return sorted(records, key=recipe.select, reverse=True)
 
 
@@ -290,7 +316,18 @@ def summarize_cell(
     if recipe.multi_run:
         summary["config"] = config_to_dict(config)
         summary["run_scores"] = [
-            {k: r.get(k) for k in ("run", "seed", "best_epoch", "seconds", "valid", "test")}
+            {
+                k: r.get(k)
+                for k in (
+                    "run",
+                    "seed",
+                    "best_epoch",
+                    "seconds",
+                    "final_train_loss",
+                    "valid",
+                    "test",
+                )
+            }
             for r in records
         ]
         predictions = out / records[0]["run"] / "test_predictions.jsonl"
