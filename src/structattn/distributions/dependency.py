@@ -167,16 +167,20 @@ def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
 
 
 @lru_cache(maxsize=32)
-def _arc_fill(size: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+def _arc_fill(size: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """(allowed BoolTensor [N, N]: not an arc into ROOT nor a self loop; fill [N, N]: -inf
-    where not allowed, 0 elsewhere), cached per size, dtype and device (normal tensors even
-    when first asked for under ``torch.inference_mode``: autograd may save them later)."""
+    where not allowed, 0 elsewhere; reach LongTensor [N, N]: max(h, m) where allowed, N
+    where not, so ``reach < length`` is an item's allowed arcs in one compare), cached per
+    size, dtype and device (normal tensors even when first asked for under
+    ``torch.inference_mode``: autograd may save them later)."""
     with torch.inference_mode(False), torch.no_grad():
         banned = torch.zeros(size, size, dtype=torch.bool, device=device)
         banned[:, 0] = True  # no arc into ROOT
         banned.fill_diagonal_(True)  # no self loops
         fill = torch.zeros(size, size, dtype=dtype, device=device)
-        return ~banned, fill.masked_fill(banned, float("-inf"))
+        index = torch.arange(size, device=device)
+        reach = torch.maximum(index.unsqueeze(-1), index).masked_fill(banned, size)
+        return ~banned, fill.masked_fill(banned, float("-inf")), reach
 
 
 class TreeCRFBase(StructuredDistribution):
@@ -219,10 +223,9 @@ class TreeCRFBase(StructuredDistribution):
     def _parts(self, *raw: Tensor) -> tuple[Tensor]:
         (arc_scores,) = raw
         size = arc_scores.shape[-1]
-        allowed, fill = _arc_fill(size, arc_scores.dtype, arc_scores.device)  # [N, N] each
+        allowed, fill, reach = _arc_fill(size, arc_scores.dtype, arc_scores.device)  # [N, N]
         if self.lengths is not None:  # padding -> 0, banned -> -inf, in one op (and backward)
-            mask = self.mask
-            allowed = mask.unsqueeze(-1) & mask.unsqueeze(1) & allowed  # [B, N, N]
+            allowed = reach < self.lengths.view(-1, 1, 1)  # [B, N, N]
         return (torch.where(allowed, arc_scores, fill),)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
