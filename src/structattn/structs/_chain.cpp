@@ -183,13 +183,18 @@ Outcome log_chain(const scalar_t* u, const scalar_t* p, Strides ps, int64_t len,
 // Forward pass and backward sweep of the chains start .. start + length (kC > 0: C known at
 // compile time, the loops unrolled; 0: C = c): log Z [B], p(z_i) [B, N, C] and K
 // [B, N-1, C, C] (double; 0 at padding and for items without a valid sequence; outputs
-// start zeroed). Each item in probability space where that is exact, else in log space.
+// start zeroed), and, unless ``edge_sum`` is null, each item's edge marginals summed over
+// its positions, Σ_i p(z_i = a, z_{i+1} = d) [B, C, C] (the gradient of log Z for a shared
+// transition matrix, without the [B, N-1, C, C] edge marginals). Each item in probability
+// space where that is exact, else in log space.
 template <typename scalar_t, int kC>
 void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
                    const int64_t* last, int64_t n, int64_t c, int64_t start, int64_t length,
-                   double bound, scalar_t* logz, scalar_t* node, double* trans) {
+                   double bound, scalar_t* logz, scalar_t* node, double* trans,
+                   scalar_t* edge_sum) {
   const int64_t C = kC > 0 ? kC : c;
   Scratch<scalar_t> s(C);
+  std::vector<double> sum(edge_sum ? C * C : 0);
   for (int64_t b = start; b < start + length; ++b) {
     const scalar_t* u = unary + b * n * C;
     const scalar_t* p = pairwise + b * ps.b;
@@ -202,12 +207,14 @@ void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
     if (outcome == Outcome::kDead) {  // no valid label sequence: log Z = -inf, all 0
       logz[b] = -std::numeric_limits<scalar_t>::infinity();
       std::fill(K, K + (n - 1) * C * C, 0.0);
+      if (edge_sum) std::fill(edge_sum + b * C * C, edge_sum + (b + 1) * C * C, scalar_t(0));
       continue;
     }
     logz[b] = static_cast<scalar_t>(total);
     // β̂_i(a) = p(z_i = a) = Σ_d K_i(a, d) p(z_{i+1} = d), from ω in s.next
     double* cur = s.next;
     double* prev = s.alpha;
+    if (edge_sum) std::fill(sum.begin(), sum.end(), 0.0);
     for (int64_t i = len - 1;; --i) {
       for (int64_t a = 0; a < C; ++a) nd[i * C + a] = static_cast<scalar_t>(cur[a]);
       if (i == 0) break;
@@ -217,8 +224,13 @@ void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
         for (int64_t d = 0; d < C; ++d) t += Ki[a * C + d] * cur[d];
         prev[a] = t;
       }
+      if (edge_sum)  // p(z_{i-1} = a, z_i = d) = K_{i-1}(a, d) p(z_i = d)
+        for (int64_t a = 0; a < C; ++a)
+          for (int64_t d = 0; d < C; ++d) sum[a * C + d] += Ki[a * C + d] * cur[d];
       std::swap(cur, prev);
     }
+    if (edge_sum)
+      for (int64_t k = 0; k < C * C; ++k) edge_sum[b * C * C + k] = static_cast<scalar_t>(sum[k]);
   }
 }
 
@@ -317,12 +329,15 @@ void dispatch_labels(int64_t c, const F& fn) {
 
 }  // namespace
 
-// (log Z [B], p(z_i) [B, N, C], p(z_i, z_{i+1}) [B, N-1, C, C] if ``edges`` (else empty), K
-// [B, N-1, C, C] float64 for chain_hvp). ``pairwise`` [B, N-1, C, C], any strides (a shared
+// (log Z [B], p(z_i) [B, N, C], edge marginals, K [B, N-1, C, C] float64 for chain_hvp), the
+// edge marginals by ``edges``: 0 none (empty), 1 p(z_i, z_{i+1}) [B, N-1, C, C], 2 their sum
+// over each item's positions [B, C, C]. ``pairwise`` [B, N-1, C, C], any strides (a shared
 // [C, C] expanded); ``last`` [B] the index of each item's last real position.
 std::tuple<Tensor, Tensor, Tensor, Tensor> chain_forward_backward(const Tensor& unary,
                                                                   const Tensor& pairwise,
-                                                                  const Tensor& last, bool edges) {
+                                                                  const Tensor& last,
+                                                                  int64_t edges) {
+  TORCH_CHECK(edges >= 0 && edges <= 2, "edges: 0 (none), 1 (per position) or 2 (summed)");
   TORCH_CHECK(unary.dim() == 3 && pairwise.dim() == 4, "unary [B, N, C], pairwise [B, N-1, C, C]");
   const int64_t batch = unary.size(0), n = unary.size(1), c = unary.size(2);
   TORCH_CHECK(pairwise.size(0) == batch && pairwise.size(1) == n - 1 && pairwise.size(2) == c &&
@@ -339,6 +354,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> chain_forward_backward(const Tensor& 
   // largest spread of an item's transitions for the probability-space pass (double: the
   // bound of _scaled_steps with one step between normalisations)
   const double bound = 0.3 * -std::log(std::numeric_limits<double>::min()) - std::log(c);
+  Tensor edge = edges == 2 ? at::empty({batch, c, c}, unary.options())
+                           : at::empty({0}, unary.options());
   AT_DISPATCH_FLOATING_TYPES(unary.scalar_type(), "chain_forward_backward", [&] {
     const scalar_t* up = u.data_ptr<scalar_t>();
     const scalar_t* pp = pairwise.data_ptr<scalar_t>();
@@ -346,18 +363,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> chain_forward_backward(const Tensor& 
     scalar_t* zp = logz.data_ptr<scalar_t>();
     scalar_t* np = node.data_ptr<scalar_t>();
     double* kp = trans.data_ptr<double>();
+    scalar_t* ep = edges == 2 ? edge.data_ptr<scalar_t>() : nullptr;
     dispatch_labels(c, [&](auto labels) {
       constexpr int kC = decltype(labels)::value;
       for_chunks(chunk_starts(batch), [&](int64_t, int64_t start, int64_t length) {
-        forward_chunk<scalar_t, kC>(up, pp, ps, lp, n, c, start, length, bound, zp, np, kp);
+        forward_chunk<scalar_t, kC>(up, pp, ps, lp, n, c, start, length, bound, zp, np, kp, ep);
       });
     });
   });
-  Tensor edge;
-  if (edges)  // p(z_i = a, z_{i+1} = d) = K_i(a, d) p(z_{i+1} = d)
+  if (edges == 1)  // p(z_i = a, z_{i+1} = d) = K_i(a, d) p(z_{i+1} = d)
     edge = (trans * node.narrow(1, 1, n - 1).unsqueeze(2)).to(unary.scalar_type());
-  else
-    edge = at::empty({0}, unary.options());
   return {logz, node, edge, trans};
 }
 
@@ -405,7 +420,8 @@ std::tuple<Tensor, Tensor> chain_hvp(const Tensor& trans, const Tensor& node, co
 
 void bind_chain(pybind11::module& m) {
   m.def("chain_forward_backward", &chain_forward_backward,
-        "(log Z [B], p(z_i) [B, N, C], edge marginals or empty, K [B, N-1, C, C] float64)",
+        "(log Z [B], p(z_i) [B, N, C], edge marginals (edges: 0 none, 1 [B, N-1, C, C], 2 "
+        "summed over positions [B, C, C]), K [B, N-1, C, C] float64)",
         pybind11::arg("unary"), pybind11::arg("pairwise"), pybind11::arg("last"),
         pybind11::arg("edges"), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("chain_hvp", &chain_hvp,

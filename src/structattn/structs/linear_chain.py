@@ -551,10 +551,11 @@ def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
 
 
 def _kernel_pass(
-    module: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, edges: bool
+    module: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, edges: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(log Z [B], p(z_i) [B, N, C], edge marginals [B, N-1, C, C] (empty unless ``edges``),
-    K [B, N-1, C, C] float64, last [B]) from the kernel's forward-backward."""
+    """(log Z [B], p(z_i) [B, N, C], edge marginals, K [B, N-1, C, C] float64, last [B]) from
+    the kernel's forward-backward; the edge marginals by ``edges``: 0 none (empty), 1
+    [B, N-1, C, C], 2 summed over each item's positions [B, C, C]."""
     batch, n, _ = unary.shape
     last = last_index(lengths, batch, n, unary.device)
     steps = _per_step(pairwise.detach(), batch, n)  # [B, N-1, C, C], a view when shared
@@ -577,9 +578,9 @@ class _ChainLogPartition(torch.autograd.Function):
         ctx.method = method
         ctx.kernels = _chain_kernels(unary, pairwise, method)
         if ctx.kernels is not None:
-            logz, node, edge, _, _ = _kernel_pass(
-                ctx.kernels, unary, pairwise, lengths, ctx.needs_input_grad[1]
-            )
+            # a shared matrix's gradient needs only each item's edge marginals summed
+            edges = (2 if pairwise.dim() == 2 else 1) if ctx.needs_input_grad[1] else 0
+            logz, node, edge, _, _ = _kernel_pass(ctx.kernels, unary, pairwise, lengths, edges)
             ctx.save_for_backward(unary, pairwise, node, edge)
             return logz
         fw = _forward_pass(unary, pairwise, lengths, method)
@@ -601,8 +602,10 @@ class _ChainLogPartition(torch.autograd.Function):
             d_unary = node * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
             d_pair = None
             if ctx.needs_input_grad[1]:
-                d_pair = edge * grad.view(-1, 1, 1, 1)
-                d_pair = d_pair.sum((0, 1)) if shared else d_pair
+                if shared:  # edge: [B, C, C], each item's sum over its positions
+                    d_pair = (grad.to(edge.dtype) @ edge.flatten(1)).view_as(pairwise)
+                else:
+                    d_pair = edge * grad.view(-1, 1, 1, 1)
             return d_unary, d_pair, None, None
         fw = _Pass(*saved)
         beta = _beta(fw)
@@ -630,7 +633,9 @@ class _ChainMarginals(torch.autograd.Function):
         ctx.lengths = lengths
         ctx.kernels = _chain_kernels(unary, pairwise, method)
         if ctx.kernels is not None:
-            _, node, edge, trans, last = _kernel_pass(ctx.kernels, unary, pairwise, lengths, edges)
+            _, node, edge, trans, last = _kernel_pass(
+                ctx.kernels, unary, pairwise, lengths, int(edges)
+            )
             ctx.save_for_backward(unary, pairwise, trans, node, last)
             return (node, edge) if edges else node
         fw = _forward_pass(unary, pairwise, lengths, method)
