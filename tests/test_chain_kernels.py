@@ -143,6 +143,39 @@ def test_kernels_with_minus_inf_and_wide_transitions(dtype: torch.dtype) -> None
         assert got[6][2].eq(0).all() and got[8][2].eq(0).all()
 
 
+def _through_every_item(unary: Tensor, pairwise: Tensor, lengths: Tensor) -> Tensor:
+    """log Z's gradient for the pairwise scores with 1 into every item (-inf ones too)."""
+    p = pairwise.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(chain_log_partition(unary, p, lengths).sum(), p)
+    return grad
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_shared_transitions_summed_edge_gradient(dtype: torch.dtype) -> None:
+    """log Z's gradient for a shared matrix (the kernel sums each item's edge marginals in
+    its backward sweep): an item with no valid sequence, a forbidden transition, a matrix
+    spread too widely for the probability-space pass, length 1: as the PyTorch code."""
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for c, scale in itertools.product((2, 3, 10), (1.0, 300.0)):
+        unary, pairwise, lengths = _draw(6, 7, c, True, dtype, seed=c)
+        pairwise = pairwise * scale
+        pairwise[0, 1] = float("-inf")
+        unary[2, 3] = float("-inf")  # item 2: no valid sequence
+        lengths[2], lengths[4] = 7, 1
+        got = _passes(unary, pairwise, lengths)
+        with kernels_disabled():
+            want = _passes(unary, pairwise, lengths)
+        _assert_all_close(got, want, tol)
+        d_pair = got[5]
+        assert d_pair.shape == (c, c) and torch.isfinite(d_pair).all() and d_pair[0, 1] == 0
+
+        got_all = _through_every_item(unary, pairwise, lengths)
+        with kernels_disabled():
+            want_all = _through_every_item(unary, pairwise, lengths)
+        torch.testing.assert_close(got_all, want_all, rtol=tol, atol=tol)
+
+
 @pytest.mark.usefixtures("chain_kernels")
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-step"])
 def test_kernels_gradcheck_and_gradgradcheck(shared: bool) -> None:
