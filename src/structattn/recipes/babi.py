@@ -635,8 +635,11 @@ def format_runs(results: dict[int, dict[str, dict[str, Any]]]) -> str:
         cells = []
         for m in models:
             r = results[task].get(m)
-            done = "-" if r is None or r.get("converged") is None else str(r["converged"])
-            cells.append(f"{r['runs']}, {done}, {r['seconds_per_run']:.1f}" if r else "-")
+            if r is None:
+                cells.append("-")
+                continue
+            done = "-" if r.get("converged") is None else str(r["converged"])
+            cells.append(f"{r['runs']}, {done}, {r['seconds_per_run']:.1f}")
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -603,7 +603,7 @@ class _ChainLogPartition(torch.autograd.Function):
             d_pair = None
             if ctx.needs_input_grad[1]:
                 if shared:  # edge: [B, C, C], each item's sum over its positions
-                    d_pair = (grad.to(edge.dtype) @ edge.flatten(1)).view_as(pairwise)
+                    d_pair = (grad @ edge.flatten(1)).view_as(pairwise)
                 else:
                     d_pair = edge * grad.view(-1, 1, 1, 1)
             return d_unary, d_pair, None, None
