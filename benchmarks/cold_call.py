@@ -72,6 +72,16 @@ def main() -> None:
 
     print("the float64 copy (flush / freeing):", timed(copy, flush), "/", timed(copy, churn))
 
+    def tiny() -> object:
+        return scores.sum()
+
+    print(
+        "a sum over the scores (back to back / freeing):",
+        timed(tiny, lambda: None),
+        "/",
+        timed(tiny, churn),
+    )
+
 
 if __name__ == "__main__":
     main()
