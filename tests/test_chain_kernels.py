@@ -5,6 +5,7 @@ path and the PyTorch code."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import oracles
@@ -225,6 +226,49 @@ def test_kernels_serve_the_distribution_and_only_auto() -> None:
         assert linear_chain._chain_kernels(unary, pairwise, "auto") is None
         want = LinearChainCRF(unary, pairwise, lengths).marginals
     torch.testing.assert_close(LinearChainCRF(unary, pairwise, lengths).marginals, want)
+
+
+@pytest.mark.parametrize("path", ["kernels", "pytorch"])
+@pytest.mark.parametrize(
+    "fill", [float("-inf"), float("inf"), float("nan"), 1e4], ids=["-inf", "inf", "nan", "1e4"]
+)
+def test_padding_is_ignored(path: str, fill: float) -> None:
+    """log Z, the marginals, their gradients (first order and the Hessian-vector product) and
+    a third order through a LinearChainCRF do not depend on the unary at padding, whose
+    gradient is 0: the kernels never read it, the PyTorch code gets it masked (NaN and +inf
+    there are refused by the distribution's checks, not by these functions)."""
+    if (
+        path == "kernels"
+        and linear_chain._chain_kernels(torch.zeros(1, 2, 2), torch.zeros(2, 2), "auto") is None
+    ):
+        pytest.skip("the C++ chain kernels are not built on this machine")
+    unary, pairwise, lengths = _draw(5, 6, 3, True, torch.float64, seed=11)
+    real = torch.arange(6) < lengths.unsqueeze(-1)
+    filled = unary.masked_fill(~real.unsqueeze(-1), fill)
+    weight = filled.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    context = kernels_disabled if path == "pytorch" else contextlib.nullcontext
+    with context():
+        _assert_all_close(
+            _passes(filled, pairwise, lengths), _passes(unary, pairwise, lengths), 1e-12
+        )
+        u = filled.clone().requires_grad_()
+        p = pairwise.clone().requires_grad_()
+        dist = LinearChainCRF(u, p, lengths, validate_args=False)
+        (d_u,) = torch.autograd.grad(dist.log_partition.sum(), u, create_graph=True)
+        (dd_u,) = torch.autograd.grad((d_u * weight).sum(), u, create_graph=True)
+        (ddd_p,) = torch.autograd.grad(dd_u.pow(2).sum(), p)
+    for grad in (d_u, dd_u):
+        assert torch.isfinite(grad).all() and (grad[~real] == 0).all()
+    assert torch.isfinite(ddd_p).all()
+    with context():
+        u0 = unary.clone().requires_grad_()
+        p0 = pairwise.clone().requires_grad_()
+        (d0,) = torch.autograd.grad(
+            LinearChainCRF(u0, p0, lengths).log_partition.sum(), u0, create_graph=True
+        )
+        (dd0,) = torch.autograd.grad((d0 * weight).sum(), u0, create_graph=True)
+        (ddd0,) = torch.autograd.grad(dd0.pow(2).sum(), p0)
+    torch.testing.assert_close(ddd_p, ddd0)
 
 
 # ---- the fused path of the Eisner kernels -----------------------------------------------

@@ -134,20 +134,21 @@ class LinearChainCRF(StructuredDistribution):
     @cached_property
     def log_partition(self) -> Tensor:
         """log Z, shape [B]; ``-inf`` for an item with no valid label sequence."""
-        return chain_log_partition(self._masked(self.unary), self.pairwise, self.lengths)
+        # padding: ignored by chain_log_partition and chain_marginals (masked there only
+        # where the PyTorch code reads it)
+        return chain_log_partition(self.unary, self.pairwise, self.lengths)
 
     @cached_property
     def _marginals_tuple(self) -> tuple[Tensor, ...]:
         # forward-backward by hand; differentiable (a loss on it back-propagates by a
         # hand-written Hessian-vector product) exactly when the potentials require grad
-        unary = self._masked(self.unary)
-        return chain_marginals(unary, self.pairwise, self.lengths, edges=True)
+        return chain_marginals(self.unary, self.pairwise, self.lengths, edges=True)
 
     @cached_property
     def _node_marginals(self) -> Tensor:
         if "_marginals_tuple" in self.__dict__:
             return self._marginals_tuple[0]
-        return chain_marginals(self._masked(self.unary), self.pairwise, self.lengths)[0]
+        return chain_marginals(self.unary, self.pairwise, self.lengths)[0]
 
     @property
     def marginals(self) -> Tensor:

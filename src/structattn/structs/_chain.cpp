@@ -85,8 +85,8 @@ Outcome scaled_chain(const scalar_t* u, const scalar_t* p, Strides ps, int64_t l
   int power = 0;
   for (int64_t i = 0; i + 1 < len; ++i) {
     const scalar_t* pi = p + i * ps.i;
-    bool same = s.valid;
-    for (int64_t a = 0; a < C && same; ++a)
+    bool same = s.valid;  // a matrix shared by every item and step (strides 0): no compare
+    for (int64_t a = 0; a < C && same && (ps.b != 0 || ps.i != 0); ++a)
       for (int64_t d = 0; d < C; ++d) same = same && pi[a * ps.a + d * ps.c] == s.raw[a * C + d];
     if (!same) {  // E_i = exp(pairwise_i - m_i)
       double hi = -kInf, lo = kInf;
@@ -219,14 +219,23 @@ void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
       for (int64_t a = 0; a < C; ++a) nd[i * C + a] = static_cast<scalar_t>(cur[a]);
       if (i == 0) break;
       const double* Ki = K + (i - 1) * C * C;
-      for (int64_t a = 0; a < C; ++a) {
-        double t = 0.0;
-        for (int64_t d = 0; d < C; ++d) t += Ki[a * C + d] * cur[d];
-        prev[a] = t;
+      if (edge_sum) {  // p(z_{i-1} = a, z_i = d) = K_{i-1}(a, d) p(z_i = d), summed
+        for (int64_t a = 0; a < C; ++a) {
+          double t = 0.0;
+          for (int64_t d = 0; d < C; ++d) {
+            const double v = Ki[a * C + d] * cur[d];
+            sum[a * C + d] += v;
+            t += v;
+          }
+          prev[a] = t;
+        }
+      } else {
+        for (int64_t a = 0; a < C; ++a) {
+          double t = 0.0;
+          for (int64_t d = 0; d < C; ++d) t += Ki[a * C + d] * cur[d];
+          prev[a] = t;
+        }
       }
-      if (edge_sum)  // p(z_{i-1} = a, z_i = d) = K_{i-1}(a, d) p(z_i = d)
-        for (int64_t a = 0; a < C; ++a)
-          for (int64_t d = 0; d < C; ++d) sum[a * C + d] += Ki[a * C + d] * cur[d];
       std::swap(cur, prev);
     }
     if (edge_sum)
