@@ -3,7 +3,7 @@
 Usage (peers live in a separate venv, see the Makefile's ``bench`` target)::
 
     .venv-bench/bin/python benchmarks/run.py [--quick] [--only tree|chain|nonproj]
-        [--repeats R] [--json OUT.json] [--plot OUT.png]
+        [--repeats R] [--back-to-back K] [--json OUT.json] [--plot OUT.png]
 
 For every size, all libraries get the same inputs (converted to each library's layout by
 ``peers.py``, outside the timed region). Before anything is timed, each peer's log Z,
@@ -13,7 +13,9 @@ are ours; a library that disagrees gets a ``FAIL`` line (a peer is then not time
 configuration). Timings are medians
 over repeats in which the libraries are interleaved (see ``timing.py``); the ratio
 ours / best-peer is the median of the ratios measured within each repeat, i.e. of calls made
-back to back in one process.
+back to back in one process. Each repeat also times ours ``--back-to-back`` K times in a row
+(column ``ours b2b ms``): ours warm, as the peak rates of the lower bound (``bound.py``) are
+measured; ``ours/bound`` divides the interleaved (cold) time, ``b2b/bound`` the warm one.
 
 Measurements (float32, ``torch.set_num_threads(2)`` unless ``--threads``):
 
@@ -92,6 +94,7 @@ class Settings:
     batch: int
     repeats: int
     warmup: int
+    back_to_back: int  # ours' extra calls per repeat, timed back to back (0: none)
     tree_sizes: tuple[int, ...]
     nonproj_sizes: tuple[int, ...]
     chain_sizes: tuple[int, ...]
@@ -117,6 +120,19 @@ class Row:
     skipped: dict[str, str] = field(default_factory=dict)
     bound: float | None = None  # lower bound on the time (s) on this machine (bound.py)
     latency_floor: float | None = None  # steps x one small op's latency (s): peers' floor
+    warm: list[float] = field(default_factory=list)  # ours called back to back (s)
+
+    @property
+    def ours_warm(self) -> float | None:
+        """Median seconds of ours called back to back (None when not measured)."""
+        return statistics.median(self.warm) if self.warm else None
+
+    @property
+    def warm_over_bound(self) -> float | None:
+        """ours called back to back / the row's lower bound: the like-for-like ratio (the
+        bound's peak rates are measured in a tight loop)."""
+        warm = self.ours_warm
+        return warm / self.bound if warm is not None and self.bound else None
 
     @property
     def over_bound(self) -> float | None:
@@ -189,6 +205,8 @@ class Results:
                 ratio=r.ratio,
                 ratio_of_medians=r.ratio_of_medians,
                 over_bound=r.over_bound,
+                ours_warm=r.ours_warm,
+                warm_over_bound=r.warm_over_bound,
             )
             for r in self.rows
         ]
@@ -480,7 +498,8 @@ def run_config(
             for a in adapters
             if a.library in states and op in a.ops and op not in failed.get(a.library, ())
         }
-        timings = time_interleaved(fns, settings.repeats, settings.warmup)
+        warm = {"ours": settings.back_to_back} if "ours" in fns and settings.back_to_back else {}
+        timings = time_interleaved(fns, settings.repeats, settings.warmup, warm)
         row = Row(
             section,
             op,
@@ -495,6 +514,7 @@ def run_config(
             row.latency_floor = latency_floor_seconds(work, results.rates)
         row.times = {lib: t.median for lib, t in timings.items()}
         row.samples = {lib: t.samples for lib, t in timings.items()}
+        row.warm = timings["ours"].warm if "ours" in timings else []
         row.skipped = {
             **skipped,
             **{lib: "FAIL" for lib, ops in failed.items() if op in ops},
@@ -563,6 +583,7 @@ def format_table(results: Results, section: str) -> str:
     libs = ["ours"] + sorted({lib for r in rows for lib in (*r.times, *r.skipped) if lib != "ours"})
     head = ["op", "N"] + (["C", "lengths"] if section == "chain" else ["lengths", "root"])
     head += [f"{lib} ms" for lib in libs] + ["ours/best", "bound ms", "ours/bound"]
+    head += ["ours b2b ms", "b2b/bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [OP_TITLES[r.op], str(r.size)]
@@ -575,6 +596,8 @@ def format_table(results: Results, section: str) -> str:
         cells.append("n/a" if r.ratio is None else f"{r.ratio:.2f}")
         cells.append(_ms(r.bound))
         cells.append("-" if r.over_bound is None else f"{r.over_bound:.2f}")
+        cells.append(_ms(r.ours_warm))
+        cells.append("-" if r.warm_over_bound is None else f"{r.warm_over_bound:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -690,6 +713,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 9)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls (default 2)")
+    parser.add_argument(
+        "--back-to-back",
+        type=int,
+        default=3,
+        metavar="K",
+        help="per repeat, also time ours K times in a row (warm; 0: off; default 3)",
+    )
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -706,6 +736,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         batch=args.batch or (4 if quick else 32),
         repeats=args.repeats or (2 if quick else 9),
         warmup=args.warmup if args.warmup is not None else (1 if quick else 2),
+        back_to_back=max(args.back_to_back, 0),
         tree_sizes=(6, 10) if quick else (10, 20, 40, 80),
         nonproj_sizes=(6, 10) if quick else (10, 20, 40, 80),
         chain_sizes=(8, 16) if quick else (20, 50, 100, 200),
@@ -750,7 +781,10 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
                 Path(json_path).write_text(json.dumps(results.to_json(), indent=1))
         if settings.memory and section in ("tree", "nonproj"):
             run_memory(section, adapters, settings, results)
-        _say(f"\n## {section}  (median ms over {settings.repeats} interleaved repeats)\n")
+        _say(
+            f"\n## {section}  (median ms over {settings.repeats} interleaved repeats; ours b2b: "
+            f"median of {settings.back_to_back} back-to-back calls per repeat)\n"
+        )
         _say(format_table(results, section))
     memory = format_memory(results)
     if memory:

@@ -30,6 +30,7 @@ class TimingResult:
     """Wall-clock samples (seconds) of one callable."""
 
     samples: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)  # back-to-back calls (time_interleaved)
 
     @property
     def median(self) -> float:
@@ -49,7 +50,10 @@ class TimingResult:
 
 
 def time_interleaved(
-    fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
+    fns: Mapping[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    back_to_back: Mapping[str, int] | None = None,
 ) -> dict[str, TimingResult]:
     """Median-ready timings of ``fns``, interleaved inside the repeat loop.
 
@@ -59,6 +63,12 @@ def time_interleaved(
     allocator state, CPU frequency). CPU PyTorch ops are synchronous, so wall-clock time of
     the call is the compute time. The garbage collector is disabled while timing (its young
     generations are collected between repeats).
+
+    ``back_to_back`` {name: K}: after each repeat's interleaved calls, that callable is also
+    called K + 1 times in a row and the last K are timed (``TimingResult.warm``): its time
+    with its own data in cache and the thread pool awake, as in a tight loop, which is how
+    the peak rates of ``bound.py`` are measured. The interleaved call is the one after
+    another library's call (cold caches, memory just freed, sleeping threads).
     """
     names = list(fns)
     results = {name: TimingResult() for name in names}
@@ -75,6 +85,12 @@ def time_interleaved(
                 start = time.perf_counter()
                 fns[name]()
                 results[name].samples.append(time.perf_counter() - start)
+            for name, calls in (back_to_back or {}).items():
+                fns[name]()  # follows another library's call: not timed
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    fns[name]()
+                    results[name].warm.append(time.perf_counter() - start)
             if gc_was_enabled:
                 gc.enable()
     finally:

@@ -229,3 +229,28 @@ def test_quick_rows_carry_a_bound(quick_results: dict) -> None:
     assert quick_results["rates"]["log_per_s"] > 0
     for row in quick_results["rows"]:
         assert row["bound"] > 0 and row["over_bound"] > 0
+
+
+def test_quick_rows_time_ours_back_to_back(quick_results: dict) -> None:
+    """Every row has ours' warm calls (``--back-to-back``, default 3 per repeat) and their
+    ratio to the bound."""
+    k = quick_results["settings"]["back_to_back"]
+    assert k == 3
+    for row in quick_results["rows"]:
+        assert len(row["warm"]) == k * quick_results["settings"]["repeats"]
+        assert row["ours_warm"] > 0
+        assert row["warm_over_bound"] == pytest.approx(row["ours_warm"] / row["bound"])
+
+
+def test_time_interleaved_back_to_back_calls() -> None:
+    """The back-to-back calls follow one untimed call, K timed per repeat, only for the
+    callables asked for; the interleaved calls stay one per repeat."""
+    run = _load_run()  # puts benchmarks/ on sys.path
+    import timing
+
+    calls: list[str] = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    got = timing.time_interleaved(fns, repeats=2, warmup=0, back_to_back={"a": 3})
+    assert run is not None and len(got["a"].samples) == len(got["b"].samples) == 2
+    assert len(got["a"].warm) == 6 and got["b"].warm == []
+    assert calls == ["a", "b", "a", "a", "a", "a", "b", "a", "a", "a", "a", "a"]
