@@ -718,7 +718,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=3,
         metavar="K",
-        help="per repeat, also time ours K times in a row (warm; 0: off; default 3)",
+        help="per repeat, also call ours 2K times in a row and time the last K (warm; 0: off; "
+        "default 3)",
     )
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 32)")
     parser.add_argument("--seed", type=int, default=0)

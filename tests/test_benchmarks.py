@@ -243,7 +243,7 @@ def test_quick_rows_time_ours_back_to_back(quick_results: dict) -> None:
 
 
 def test_time_interleaved_back_to_back_calls() -> None:
-    """The back-to-back calls follow one untimed call, K timed per repeat, only for the
+    """The K back-to-back calls timed per repeat follow K untimed ones, only for the
     callables asked for; the interleaved calls stay one per repeat."""
     run = _load_run()  # puts benchmarks/ on sys.path
     import timing
@@ -253,4 +253,4 @@ def test_time_interleaved_back_to_back_calls() -> None:
     got = timing.time_interleaved(fns, repeats=2, warmup=0, back_to_back={"a": 3})
     assert run is not None and len(got["a"].samples) == len(got["b"].samples) == 2
     assert len(got["a"].warm) == 6 and got["b"].warm == []
-    assert calls == ["a", "b", "a", "a", "a", "a", "b", "a", "a", "a", "a", "a"]
+    assert calls == ["a", "b"] + ["a"] * 6 + ["b", "a"] + ["a"] * 6
