@@ -22,7 +22,10 @@ The dependent steps (one per span width or chain position and pass) times the me
 latency of one small PyTorch op is a second floor, :func:`latency_floor_seconds`: the least
 time of an implementation that issues one op per step (the peers). It is not part of the
 bound: a compiled kernel that loops inside one call (ours) pays far less than an op per step,
-and does beat it at small N. Both terms are in the JSON output.
+and does beat it at small N. Both terms are in the JSON output. A third figure,
+``Rates.call_s``, is the round trip of a differentiable op that computes nothing (forward and
+backward through autograd, [32, 50, 2] inputs): no call of a PyTorch autograd API can take
+less, whatever its arithmetic; it is reported, not part of the bound.
 
 ``ours / bound`` = 1 would mean ours runs every element at PyTorch's peak rate with no
 overhead; the issue's target is <= 2 at N >= 40 for trees and chains.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,6 +60,7 @@ class Rates:
     max_per_s: float  # max-plus elements: amax(a + b)
     mad_per_s: float  # float32 multiply-adds in batched matmul (bmm)
     latency_s: float  # one small op (logsumexp of a [32, 4] tensor), dispatch included
+    call_s: float = 0.0  # a differentiable op that computes nothing, forward + backward
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -109,13 +114,36 @@ def measure_rates(repeats: int = 5, quick: bool = False) -> Rates:
     best_mm = _best_time(lambda: torch.bmm(x, y), repeats)
     small = torch.randn(32, 4, generator=gen)
     latency = _best_time(lambda: torch.logsumexp(small, -1), repeats)
+    unary = torch.randn(32, 50, 2, generator=gen).requires_grad_()
+    pairwise = torch.randn(2, 2, generator=gen).requires_grad_()
+    call = _best_time(
+        lambda: torch.autograd.grad(_Null.apply(unary, pairwise).sum(), (unary, pairwise)),
+        repeats,
+    )
     elements = rows * width
     return Rates(
         log_per_s=elements / best_log,
         max_per_s=elements / best_max,
         mad_per_s=batch * n**3 / best_mm,
         latency_s=latency,
+        call_s=call,
     )
+
+
+class _Null(torch.autograd.Function):
+    """log Z of a chain that computes nothing: an uninitialised [B] forward, uninitialised
+    gradients backward. Its round trip (``Rates.call_s``) is what any differentiable op costs
+    through PyTorch's autograd before any arithmetic: a floor for the smallest rows."""
+
+    @staticmethod
+    def forward(ctx: Any, unary: Tensor, pairwise: Tensor) -> Tensor:
+        ctx.save_for_backward(unary, pairwise)
+        return unary.new_empty(unary.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+        unary, pairwise = ctx.saved_tensors
+        return torch.empty_like(unary), torch.empty_like(pairwise)
 
 
 def eisner_elements(n: int) -> int:

@@ -763,7 +763,8 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
     _say(
         f"peak rates ({settings.threads} threads): logsumexp {r.log_per_s / 1e9:.2f} G elem/s, "
         f"max-plus {r.max_per_s / 1e9:.2f} G elem/s, bmm {r.mad_per_s / 1e9:.2f} G mad/s; "
-        f"small-op latency {r.latency_s * 1e6:.1f} us (benchmarks/bound.py)"
+        f"small-op latency {r.latency_s * 1e6:.1f} us; a null autograd round trip "
+        f"{r.call_s * 1e6:.1f} us (benchmarks/bound.py)"
     )
     plan: list[tuple[str, list[Adapter], list[Problem]]] = []
     for section in settings.sections:

@@ -1,6 +1,7 @@
 """Warm per-call times (median of repeated calls, B = 32, 2 threads) of the rows changed in
-issue 22's stop 33: linear-chain log Z fwd+bwd with a shared transition matrix, and the tree
-CRF's masking of a variable-length batch (``_parts``) forward and backward. Run it at two
+issue 22's stops 33 and 34: linear-chain log Z fwd+bwd with a shared transition matrix (full
+and variable lengths), and the tree CRF's masking of a variable-length batch (``_parts``)
+forward and backward. Run it at two
 commits to compare them: .venv/bin/python benchmarks/warm_calls.py"""
 
 import statistics
@@ -33,6 +34,14 @@ def main() -> None:
         pairwise = torch.randn(labels, labels, requires_grad=True)
         ms = timed(lambda u=unary, p=pairwise: LinearChainCRF(u, p).log_partition.sum().backward())
         print(f"chain log Z fwd+bwd N = {size}, C = {labels}: {ms:.3f} ms")
+        lengths = torch.randint(size // 2, size + 1, (batch,))
+        lengths[0] = size
+        ms = timed(
+            lambda u=unary, p=pairwise, n=lengths: (
+                LinearChainCRF(u, p, n).log_partition.sum().backward()
+            )
+        )
+        print(f"chain log Z fwd+bwd N = {size}, C = {labels}, variable lengths: {ms:.3f} ms")
     size = 40
     scores = torch.randn(batch, size, size, requires_grad=True)
     lengths = torch.randint(size // 2, size + 1, (batch,))

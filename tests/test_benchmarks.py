@@ -254,3 +254,9 @@ def test_time_interleaved_back_to_back_calls() -> None:
     assert run is not None and len(got["a"].samples) == len(got["b"].samples) == 2
     assert len(got["a"].warm) == 6 and got["b"].warm == []
     assert calls == ["a", "b"] + ["a"] * 6 + ["b", "a"] + ["a"] * 6
+
+
+def test_quick_rates_carry_a_null_call(quick_results: dict) -> None:
+    """The null autograd round trip is measured and far below a real call of ours."""
+    call = quick_results["rates"]["call_s"]
+    assert 0 < call < max(r["times"]["ours"] for r in quick_results["rows"])
