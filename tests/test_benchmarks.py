@@ -195,6 +195,7 @@ def _load_bound() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bound", RUN.parent / "bound.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module (run alone too)
     spec.loader.exec_module(module)
     return module
 

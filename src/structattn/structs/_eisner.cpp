@@ -839,7 +839,8 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
 }
 
 // the [N, N] matrices src[item] (contiguous, double) of the given items into lanes
-std::vector<Vec> to_lanes(const double* src, const std::vector<int64_t>& items, int64_t nn) {
+template <typename scalar_t>
+std::vector<Vec> to_lanes(const scalar_t* src, const std::vector<int64_t>& items, int64_t nn) {
   std::vector<Vec> out(nn, splat(0.0));
   for (size_t l = 0; l < items.size(); ++l)
     for (int64_t k = 0; k < nn; ++k) out[k][l] = src[items[l] * nn + k];
@@ -1235,23 +1236,28 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
                                      bool multiroot) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
+  TORCH_CHECK(arc_scores.scalar_type() == at::kFloat || arc_scores.scalar_type() == at::kDouble,
+              "arc_scores must be float32 or float64");
   const int64_t batch = arc_scores.size(0), size = arc_scores.size(1), nn = size * size;
-  const Tensor arcs = arc_scores.to(at::kDouble).contiguous();
+  const Tensor arcs = arc_scores.contiguous();  // read as is: no double copy
   const Tensor ends = last.to(at::kLong).contiguous();
-  const double* ap = arcs.data_ptr<double>();
   const int64_t* lp = ends.data_ptr<int64_t>();
-  Tensor score = at::empty({batch}, arcs.options());
+  Tensor score = at::empty({batch}, arcs.options().dtype(at::kDouble));
   Tensor heads = at::full({batch, size}, -1, ends.options());
   double* zp = score.data_ptr<double>();
   int64_t* hp = heads.data_ptr<int64_t>();
   const std::vector<std::vector<int64_t>> items = chunk_items(ends, kTrees);
+  const bool single = arcs.scalar_type() == at::kFloat;
+  const float* fp = single ? arcs.data_ptr<float>() : nullptr;
+  const double* dp = single ? nullptr : arcs.data_ptr<double>();
   for_each_chunk(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const std::vector<int64_t>& mine = items[i];
     if (mine.empty()) return;
     Buffer chart(4 * nn), best(3 * nn);
     for (size_t first = 0; first < mine.size(); first += kTrees) {
       const Group g = make_group(mine, first, lp);  // its charts: this chunk's buffers
-      const std::vector<Vec> a = to_lanes(ap, g.items, nn);
+      std::vector<Vec> a = single ? to_lanes(fp, g.items, nn) : to_lanes(dp, g.items, nn);
+      for (int64_t h = 0; h < size; ++h) a[h * size] = splat(kNegInf);  // no arc into ROOT
       fused_max(chart.get(), best.get(), a.data(), g.last, size, g.span, multiroot);
       for (size_t l = 0; l < g.items.size(); ++l) {
         const int64_t item = g.items[l], end = lp[item];

@@ -471,20 +471,18 @@ class _EisnerMax(torch.autograd.Function):
 def eisner_argmax(
     arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
 ) -> tuple[Tensor, Tensor] | None:
-    """(score of the best projective tree [B] in float64, its heads [B, N]: -1 at ROOT and
-    padding) straight from the C++ MAP kernel: no autograd node, no [B, N, N] arc
-    indicators, no masked copies (the kernel reads no diagonal entry and nothing beyond an
-    item's length; column 0, arcs into ROOT, is set to -inf in the float64 copy it needs
-    anyway); the same tree as :func:`eisner_max`'s gradient. ``None`` where that kernel does
-    not apply (not built, not CPU float32/64, more than _MAP_FUSED_SIZE positions):
-    differentiate :func:`eisner_max` instead."""
+    """(score of the best projective tree [B] in the scores' dtype, its heads [B, N]: -1 at
+    ROOT and padding) straight from the C++ MAP kernel: no autograd node, no [B, N, N] arc
+    indicators, no copies (the kernel reads the scores as they are, no diagonal entry and
+    nothing beyond an item's length, and takes column 0, arcs into ROOT, as -inf); the same
+    tree as :func:`eisner_max`'s gradient. ``None`` where that kernel does not apply (not
+    built, not CPU float32/64, more than _MAP_FUSED_SIZE positions): differentiate
+    :func:`eisner_max` instead."""
     kernels = _map_kernels(arc_scores)
     if kernels is None:
         return None
-    scores = arc_scores.detach().to(torch.float64, copy=True)
-    scores[:, :, 0] = float("-inf")  # no arc into ROOT
     last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
-    score, heads = kernels.eisner_map(scores, last, multiroot)
+    score, heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
     return score, heads
 
 
