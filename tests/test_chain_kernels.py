@@ -73,15 +73,15 @@ def _assert_all_close(got: list[Tensor], want: list[Tensor], tol: float) -> None
 )
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_equal_the_pytorch_code(dtype: torch.dtype, tol: float, threads: int) -> None:
-    """Every output and gradient, shared and per-step transitions, C = 1..5, 10 and 16
-    (C = 17 is not served), variable lengths (length 1 included), the batch in one chunk
-    and in two."""
+    """Every output and gradient, shared and per-step transitions, C = 1..5, 10, 16, 17
+    and 25 (above 16 only a shared matrix is served; C = 27 never), variable lengths (length
+    1 included), the batch in one chunk and in two."""
     torch.set_num_threads(threads)
-    for c, shared in itertools.product((1, 2, 3, 4, 5, 10, 16, 17), (True, False)):
+    for c, shared in itertools.product((1, 2, 3, 4, 5, 10, 16, 17, 25, 27), (True, False)):
         unary, pairwise, lengths = _draw(7, 6, c, shared, dtype, seed=c)
         lengths[1] = 1
         served = linear_chain._chain_kernels(unary, pairwise, "auto") is not None
-        assert served == (c <= linear_chain._KERNEL_LABELS)
+        assert served == (c <= 16 or (shared and c <= 26))
         got = _passes(unary, pairwise, lengths)
         with kernels_disabled():
             want = _passes(unary, pairwise, lengths)
@@ -211,6 +211,23 @@ def test_kernels_single_position() -> None:
     logz = chain_log_partition(unary, pairwise, None)
     torch.testing.assert_close(logz, unary.logsumexp(-1)[:, 0])
     assert torch.autograd.gradcheck(lambda u: chain_marginals(u, pairwise, None)[0], (unary,))
+
+
+@pytest.mark.usefixtures("chain_kernels")
+def test_more_labels_served_only_with_a_small_buffer() -> None:
+    """17-26 labels with a shared matrix: served while [B, N-1, C, C] holds at most 2^21
+    elements (the kernel's double buffer); not with one matrix per step."""
+    pairwise = torch.zeros(20, 20)
+    small = torch.zeros(32, 100, 20)  # 32 * 99 * 400 = 1.27M
+    large = torch.zeros(32, 200, 20)  # 2.55M
+    assert linear_chain._chain_kernels(small, pairwise, "auto") is not None
+    assert linear_chain._chain_kernels(large, pairwise, "auto") is None
+    per_step = torch.zeros(32, 99, 20, 20)
+    assert linear_chain._chain_kernels(small, per_step, "auto") is None
+    assert (
+        linear_chain._chain_kernels(torch.zeros(32, 10, 16), per_step[:, :9, :16, :16], "auto")
+        is not None
+    )
 
 
 @pytest.mark.usefixtures("chain_kernels")
