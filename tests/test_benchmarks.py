@@ -115,6 +115,28 @@ def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(ratios) == 10 and all(math.isfinite(r) and r > 0 for r in ratios)
 
 
+def test_chain_labels_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/chain_labels.py --quick`` prints both codes' times and whether the kernel
+    serves each size (20 labels, a small buffer: yes; 30 labels: no)."""
+    module = _load_script("chain_labels.py")
+    threads = torch.get_num_threads()
+    try:
+        module.main(["--quick"])
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("batched" in line and "kernel" in line for line in lines)
+    assert "C = 20" in lines[0] and ("served: True" in lines[0]) == _kernels_built()
+    assert "served: False" in lines[1]
+
+
+def _kernels_built() -> bool:
+    from structattn.structs._extension import kernels
+
+    module = kernels(torch.zeros(1))
+    return module is not None and hasattr(module, "chain_hvp")
+
+
 def test_end_to_end_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/end_to_end.py --quick`` prints two finite structured/simple ratios."""
     module = _load_script("end_to_end.py")

@@ -215,14 +215,14 @@ def test_kernels_single_position() -> None:
 
 @pytest.mark.usefixtures("chain_kernels")
 def test_more_labels_served_only_with_a_small_buffer() -> None:
-    """17-26 labels with a shared matrix: served while [B, N-1, C, C] holds at most 2^21
+    """17-26 labels with a shared matrix: served while [B, N-1, C, C] holds at most 2^20
     elements (the kernel's double buffer); not with one matrix per step."""
     pairwise = torch.zeros(20, 20)
-    small = torch.zeros(32, 100, 20)  # 32 * 99 * 400 = 1.27M
-    large = torch.zeros(32, 200, 20)  # 2.55M
+    small = torch.zeros(32, 80, 20)  # 32 * 79 * 400 = 1.01M
+    large = torch.zeros(32, 83, 20)  # 1.06M
     assert linear_chain._chain_kernels(small, pairwise, "auto") is not None
     assert linear_chain._chain_kernels(large, pairwise, "auto") is None
-    per_step = torch.zeros(32, 99, 20, 20)
+    per_step = torch.zeros(32, 79, 20, 20)
     assert linear_chain._chain_kernels(small, per_step, "auto") is None
     assert (
         linear_chain._chain_kernels(torch.zeros(32, 10, 16), per_step[:, :9, :16, :16], "auto")

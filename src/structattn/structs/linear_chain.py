@@ -540,13 +540,15 @@ def _hvp_by_autograd(
 _KERNEL_LABELS = 16
 #: ... and, for one [C, C] matrix shared by every step (exponentiated once: C multiply-adds
 #: per label and step), up to _SHARED_LABELS labels while the kernel's [B, N-1, C, C] double
-#: buffer holds at most _SHARED_BUFFER elements (16 MiB; beyond it the buffer's memory
-#: traffic loses). Measured at 2 threads, B = 32, log Z fwd+bwd / marginals fwd+bwd (ms),
-#: batched vs kernel: C = 25, N = 20 0.69 / 1.24 vs 0.36 / 0.79; N = 50 1.43 / 2.72 vs
-#: 0.75 / 1.87; N = 100 2.62 / 5.11 vs 1.60 / 3.77; N = 120 (18 MiB) 2.02 / 3.76 vs 2.31 /
-#: 4.69; C = 28, N = 30 0.70 / 1.28 vs 0.75 / 1.32; C = 32, N = 20 0.49 / 0.85 vs 0.48 / 1.11
+#: buffer holds at most _SHARED_BUFFER elements (8 MiB). ``benchmarks/chain_labels.py`` (B =
+#: 32, 2 threads, two runs; log Z fwd+bwd and marginals fwd+bwd, kernel vs batched): at
+#: C = 25, N = 20-50 the kernel is faster in 12 of 16 comparisons (up to 2.4x; variable
+#: lengths gain most, the batched code running every item to the longest), 1.04-1.08x slower
+#: for full-length marginals fwd+bwd at N = 50 (and once 1.8x for log Z at N = 30, in the
+#: noisier run); from N = 100 with full lengths its marginals fwd+bwd win in one run and
+#: lose in the other (up to 1.5x at N = 200); at C = 32 they lose from N = 20 (1.3-1.8x)
 _SHARED_LABELS = 26
-_SHARED_BUFFER = 1 << 21
+_SHARED_BUFFER = 1 << 20
 
 
 def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
