@@ -5,14 +5,17 @@ LinearChainCRF with one shared [C, C] matrix, the batched PyTorch code against t
 Run: .venv/bin/python benchmarks/chain_labels.py [--quick]"""
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 import structattn.structs.linear_chain as lc
 from structattn import LinearChainCRF
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, loaded by path too
+from warm_calls import timed  # noqa: E402
 
 #: (N, C, variable lengths)
 SIZES = (
@@ -30,17 +33,6 @@ SIZES = (
     (20, 32, False),
     (60, 32, False),
 )
-
-
-def timed(call: Callable[[], object], n: int, warmup: int) -> float:
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 def row(n: int, c: int, variable: bool, calls: int, warmup: int) -> str:
@@ -66,9 +58,9 @@ def row(n: int, c: int, variable: bool, calls: int, warmup: int) -> str:
     try:
         for name, labels in (("batched", 0), ("kernel", 64)):
             lc._KERNEL_LABELS = lc._SHARED_LABELS = labels  # 0: never the kernel; 64: always
-            cells.append(
-                f"{name} {timed(logz, calls, warmup):.3f} / {timed(marginals, calls, warmup):.3f}"
-            )
+            a = timed(logz, n=calls, warmup=warmup)
+            b = timed(marginals, n=calls, warmup=warmup)
+            cells.append(f"{name} {a:.3f} / {b:.3f}")
     finally:
         lc._KERNEL_LABELS, lc._SHARED_LABELS = saved
     mib = 32 * (n - 1) * c * c * 8 / 2**20
