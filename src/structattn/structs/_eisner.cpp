@@ -838,7 +838,7 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   }
 }
 
-// the [N, N] matrices src[item] (contiguous, double) of the given items into lanes
+// the [N, N] matrices src[item] (contiguous, float or double) of the given items into lanes
 template <typename scalar_t>
 std::vector<Vec> to_lanes(const scalar_t* src, const std::vector<int64_t>& items, int64_t nn) {
   std::vector<Vec> out(nn, splat(0.0));

@@ -519,7 +519,9 @@ def _hvp_by_autograd(
         u = unary if unary.requires_grad else unary.detach().requires_grad_()
         p = pairwise if pairwise.requires_grad else pairwise.detach().requires_grad_()
         steps = _per_step(p, u.shape[0], u.shape[1])
-        logz = chain_inside(u, steps, lengths, LogSemiring)  # selects: padding never mixed in
+        # chain_inside stops each item at its length: the unary at padding (left as is where
+        # the kernels served the first passes) reaches neither log Z nor its derivatives
+        logz = chain_inside(u, steps, lengths, LogSemiring)
         node, edge = torch.autograd.grad(logz.sum(), (u, steps), create_graph=True)
         pairs = [(node, g_node), (edge, g_edge)]
         outs = [o for o, g in pairs if g is not None]
@@ -706,10 +708,11 @@ def chain_log_partition(
 
 
 def _zero_padding(unary: Tensor, lengths: Tensor | None, kernels: bool) -> Tensor:
-    """``unary`` with 0 at padding for the PyTorch code (it computes every position and
-    selects: -inf there would leak NaN into gradients); as is when the C++ kernels serve the
-    call (``kernels``: they stop at each item's length; one masking op fewer forward and
-    backward, about 12 us each at B = 32, N = 50, C = 10)."""
+    """``unary`` with 0 at padding for the PyTorch code of the first passes (it computes
+    every position and selects: NaN or +inf there would leak into its outputs and
+    gradients); as is when the C++ kernels serve the call (``kernels``: they stop at each
+    item's length; one masking op fewer forward and backward, about 12 us each at B = 32,
+    N = 50, C = 10)."""
     if lengths is None or kernels:
         return unary
     mask = length_mask(lengths, unary.shape[0], unary.shape[1], unary.device)
