@@ -118,16 +118,29 @@ def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
 def test_chain_labels_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/chain_labels.py --quick`` prints both codes' times and whether the kernel
     serves each size (20 labels, a small buffer: yes; 30 labels: no)."""
-    module = _load_script("chain_labels.py")
+    lines = _quick_lines("chain_labels.py", capsys)
+    assert len(lines) == 2 and all("batched" in line and "kernel" in line for line in lines)
+    assert "C = 20" in lines[0] and ("served: True" in lines[0]) == _kernels_built()
+    assert "served: False" in lines[1]
+
+
+def test_chain_call_parts_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/chain_call_parts.py --quick`` prints one line with every part timed."""
+    (line,) = _quick_lines("chain_call_parts.py", capsys)
+    for part in ("construct (checks)", "log Z fwd+bwd", "null autograd op"):
+        assert part in line
+    assert ("per item and step" in line) == _kernels_built()
+
+
+def _quick_lines(script: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The lines ``benchmarks/<script> --quick`` prints (its thread count undone after)."""
+    module = _load_script(script)
     threads = torch.get_num_threads()
     try:
         module.main(["--quick"])
     finally:
         torch.set_num_threads(threads)
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all("batched" in line and "kernel" in line for line in lines)
-    assert "C = 20" in lines[0] and ("served: True" in lines[0]) == _kernels_built()
-    assert "served: False" in lines[1]
+    return capsys.readouterr().out.splitlines()
 
 
 def _kernels_built() -> bool:
