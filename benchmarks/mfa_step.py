@@ -37,7 +37,7 @@ from structattn.attention import AttentionOutput, SoftmaxAttention
 from structattn.attention.scorers import MLPScorer
 from structattn.data.synthetic import sorting_examples
 from structattn.recipes import mfa
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 
 CONFIGS = ("attention", "attention+keys", "mfa0", "mfa1", "mfa5", "vae", "lstm")
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from structattn.recipes import nmt
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 
 
 def main(argv: list[str] | None = None) -> None:

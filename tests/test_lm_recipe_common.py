@@ -13,7 +13,6 @@ import torch
 from torch import Tensor, nn
 
 from structattn.models.language_model import LanguageModel, RNNLanguageModel, detach_state
-from structattn.recipes._config import replace_path
 from structattn.recipes._lm import (
     LMEvalOptions,
     LMRecipeParts,
@@ -23,6 +22,7 @@ from structattn.recipes._lm import (
     load_corpus,
     train_lm,
 )
+from structattn.recipes.config import replace_path
 from structattn.training import TrainConfig, load_model_state
 
 
@@ -181,7 +181,7 @@ def test_settings_errors_and_cuts(tmp_path: Path) -> None:
 @pytest.mark.parametrize("recipe", ["mfa-lm", "lstmn-lm"])
 def test_rnn_trains_with_its_own_lr_and_the_window_loss_is_per_row(recipe: str) -> None:
     from structattn import recipes
-    from structattn.recipes._config import config_from_dict, config_to_dict
+    from structattn.recipes.config import config_from_dict, config_to_dict
 
     config_class = recipes.get(recipe).config
     lstm = config_class(model="lstm")

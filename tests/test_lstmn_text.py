@@ -207,7 +207,7 @@ def test_nli_pairs_config_and_table() -> None:
 
 def test_nli_first_epoch_trains_only_the_rows_without_a_vector(tmp_path: Path) -> None:
     from structattn.data.embeddings import build_embedding_matrix, read_word_vectors
-    from structattn.recipes._config import replace_path
+    from structattn.recipes.config import replace_path
     from structattn.recipes.lstmn_nli import RECIPE as NLI
     from structattn.recipes.lstmn_nli import load_trained
     from structattn.recipes.lstmn_nli import train as nli_train

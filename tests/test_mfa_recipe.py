@@ -17,7 +17,7 @@ from structattn.attention import (
 from structattn.cli import main
 from structattn.data.synthetic import CountingExample, SortingExample
 from structattn.recipes import mfa
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 from structattn.structs.mean_field import mean_field_free_energy, mean_field_marginals
 
 TINY = replace_path(

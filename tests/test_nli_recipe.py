@@ -14,7 +14,7 @@ from structattn.cli import main
 from structattn.data.conllu import parse_conllu, read_conllu
 from structattn.models.nli import DecomposableAttention
 from structattn.recipes import nli, parser, runs
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(

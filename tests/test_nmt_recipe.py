@@ -16,7 +16,7 @@ from structattn.attention import SegmentationAttention, SigmoidAttention, Softma
 from structattn.cli import main
 from structattn.data.parallel import ParallelPair, TranslationVocabulary
 from structattn.recipes import nmt
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 
 sacrebleu = pytest.importorskip("sacrebleu")
 

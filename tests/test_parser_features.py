@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from structattn.recipes import parser
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 
 SENTENCES = [["The", "cat", "sat", "."], ["A", "dog", "barked", "loudly", "today", "!"], ["Hi"]]
 TAGS = [["DET", "NOUN", "VERB", "PUNCT"], ["DET", "NOUN", "VERB", "ADV", "NOUN", "PUNCT"], ["INTJ"]]

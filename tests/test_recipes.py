@@ -19,7 +19,7 @@ from structattn import recipes
 from structattn.cli import main
 from structattn.data.conllu import check_tree, parse_conllu
 from structattn.recipes import Preset, Recipe, runs
-from structattn.recipes._config import config_from_dict, config_to_dict, replace_path
+from structattn.recipes.config import config_from_dict, config_to_dict, replace_path
 from structattn.training import Task, TrainConfig, fit, load_model_state
 
 BABI = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "babi" / "en"
@@ -342,7 +342,7 @@ class Outer:
 def test_config_flags_and_dicts() -> None:
     import argparse
 
-    from structattn.recipes._config import add_config_arguments, config_from_args
+    from structattn.recipes.config import add_config_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, Outer)

@@ -17,7 +17,7 @@ import torch
 
 from structattn.cli import main
 from structattn.data.tree_transduction import Pair, generate_splits, write_splits
-from structattn.recipes._config import replace_path
+from structattn.recipes.config import replace_path
 from structattn.recipes.tree_transduction import (
     TreeTransductionConfig,
     collate,

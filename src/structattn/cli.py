@@ -84,7 +84,7 @@ EXTRA = 'pip install "structattn[recipes]"'
 
 def _preset_config(recipe: Any, args: argparse.Namespace) -> Any:
     """The config of ``--preset`` (default: the paper's) with the command line's flags."""
-    from .recipes._config import config_from_args
+    from .recipes.config import config_from_args
 
     base = recipe.presets[args.preset].config if args.preset else recipe.config()
     return config_from_args(recipe.config, args, base)
@@ -115,7 +115,7 @@ def _run_flags(p: argparse.ArgumentParser, recipe: Any, out_help: str) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     from . import recipes
-    from .recipes._config import add_config_arguments
+    from .recipes.config import add_config_arguments
 
     parser = argparse.ArgumentParser(
         prog="structattn",
@@ -216,7 +216,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _options(cls: type, args: argparse.Namespace) -> Any:
-    from .recipes._config import config_from_args
+    from .recipes.config import config_from_args
 
     return config_from_args(cls, args)
 
@@ -303,7 +303,7 @@ def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:
 
 
 def _cmd_parse(recipe: Any, args: argparse.Namespace) -> None:
-    from .data._files import atomic_write_text, read_sentences
+    from .io import atomic_write_text, read_sentences
     from .recipes import runs
 
     assert recipe.parse is not None

@@ -4,6 +4,7 @@ Every layer is batch first, takes a boolean ``mask`` (True = real position) and 
 NamedTuple with the context vector(s) and the attention weights or marginals.
 """
 
+from ._common import masked_softmax
 from .basic import AttentionOutput, SegmentationAttention, SigmoidAttention, SoftmaxAttention
 from .mean_field import MeanFieldAttention, MeanFieldAttentionOutput, MeanFieldKeys
 from .memory_crf import MemoryCRFAttention, MemoryCRFOutput
@@ -33,4 +34,5 @@ __all__ = [
     "VariationalAttention",
     "VariationalAttentionOutput",
     "make_scorer",
+    "masked_softmax",
 ]

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._files import atomic_write_text, read_utf8, shared_data_dir
+from ..io import atomic_write_text, read_utf8, shared_data_dir
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._files import read_utf8, shared_data_dir
+from ..io import read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 __all__ = [

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..io import read_utf8, shared_data_dir
 from ..metrics import perplexity
-from ._files import read_utf8, shared_data_dir
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from ._files import read_utf8, shared_data_dir
+from ..io import read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 __all__ = [

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._files import atomic_write_text, read_utf8
+from ..io import atomic_write_text, read_utf8
 
 __all__ = [
     "CountingExample",

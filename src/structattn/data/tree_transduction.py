@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
-from ._files import atomic_write_text, read_utf8
+from ..io import atomic_write_text, read_utf8
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:

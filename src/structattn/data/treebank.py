@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..io import read_utf8, shared_data_dir
 from ..structs.stick_breaking import split_tree, tree_spans
-from ._files import read_utf8, shared_data_dir
 
 __all__ = [
     "WORD_TAGS",

@@ -9,8 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import MemoryCRFAttention
-from ..attention._common import masked_softmax
+from ..attention import MemoryCRFAttention, masked_softmax
 from ..distributions import LinearChainCRF
 
 __all__ = [

@@ -23,8 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..attention import SyntacticAttention
-from ..attention._common import masked_softmax
+from ..attention import SyntacticAttention, masked_softmax
 
 __all__ = ["INTRA_ATTENTION", "DecomposableAttention", "NLIOutput", "mlp"]
 

@@ -61,7 +61,7 @@ from ..data.lm import (
 )
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict
+from .config import config_from_dict, config_to_dict
 
 __all__ = [
     "perplexity_bars",

@@ -48,8 +48,8 @@ from ..models import MEMORY_MODELS, MemoryQA, MemoryQAOutput
 from ..models.memory_qa import CRF_LINEAR_STARTS, TEMPORAL_INITS, TYINGS
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, accuracy_metric
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "RECIPE",

@@ -141,7 +141,7 @@ def load_vocabulary_run(
     for another recipe's run. ``build_model(config, vocabulary size, embedding size)``."""
     from ..data.classification import WordVocabulary
     from ..training import load_model_state
-    from ._config import config_from_dict
+    from .config import config_from_dict
 
     state = load_model_state(run_dir)
     if state["config"].get("recipe") != recipe:

@@ -17,7 +17,7 @@ import torch
 
 from ..structs._extension import kernels as compiled_kernels
 from . import runs
-from ._config import config_to_dict, replace_path
+from .config import config_to_dict, replace_path
 from .tree_transduction import (
     DEMO_CONFIG,
     PAPER_TABLE,

@@ -33,7 +33,6 @@ from torch import nn
 
 from ..models.language_model import LSTMNLanguageModel, RNNLanguageModel
 from ..training import TrainConfig
-from ._config import replace_path
 from ._lm import (
     PAPER_LM_TRAIN,
     RNN_LR,
@@ -45,6 +44,7 @@ from ._lm import (
     use_rnn_lr,
 )
 from .base import Preset, Recipe, markdown_table
+from .config import replace_path
 
 __all__ = [
     "MODELS",

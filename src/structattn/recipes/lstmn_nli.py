@@ -46,7 +46,6 @@ from ..data.embeddings import build_embedding_matrix, read_word_vectors
 from ..models.lstmn_text import PAIR_MODELS, PairClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_to_dict, replace_path
 from .base import (
     GridAxis,
     Preset,
@@ -58,6 +57,7 @@ from .base import (
     seed_summary,
     valid_accuracy,
 )
+from .config import config_to_dict, replace_path
 from .nli import NLIConfig, load_data, write_predictions
 
 __all__ = [

@@ -47,7 +47,6 @@ from ..data.embeddings import build_embedding_matrix, default_glove_path, read_w
 from ..models.lstmn_text import SentenceClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_to_dict, replace_path
 from .base import (
     GridAxis,
     Preset,
@@ -59,6 +58,7 @@ from .base import (
     seed_summary,
     valid_accuracy,
 )
+from .config import config_to_dict, replace_path
 
 __all__ = [
     "MODELS",

@@ -57,8 +57,8 @@ from ..models.seq2seq import sequence_nll, source_lengths
 from ..structs.mean_field import mean_field_free_energy, mean_field_marginals
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict
 from .base import GridAxis, Preset, Recipe
+from .config import config_from_dict, config_to_dict
 
 __all__ = [
     "MODELS",

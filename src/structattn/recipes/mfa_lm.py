@@ -26,9 +26,9 @@ from torch import nn
 from ..models.language_model import RNNLanguageModel
 from ..models.mean_field_lm import MeanFieldLanguageModel
 from ..training import TrainConfig
-from ._config import replace_path
 from ._lm import PAPER_LM_TRAIN, RNN_LR, LMEvalOptions, LMRecipeParts, LMSettings, use_rnn_lr
 from .base import GridAxis, Preset, Recipe, markdown_table
+from .config import replace_path
 
 __all__ = ["MODELS", "PAPER_TABLES", "PARTS", "RECIPE", "MFALMConfig", "build_model"]
 

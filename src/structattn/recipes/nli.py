@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data._files import shared_data_dir
 from ..data.classification import (
     NLI_LABELS,
     ClassificationExample,
@@ -46,12 +45,13 @@ from ..data.classification import (
     split_holdout,
 )
 from ..data.embeddings import EmbeddingMatrix, build_embedding_matrix, read_word_vectors
+from ..io import shared_data_dir
 from ..metrics import paired_bootstrap
 from ..models.nli import DecomposableAttention
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, accuracy_metric, markdown_table, valid_accuracy
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "EncodedPairs",

@@ -32,7 +32,6 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import SegmentationAttention
-from ..data._files import atomic_write_text
 from ..data.parallel import (
     FilterReport,
     ParallelPair,
@@ -43,12 +42,13 @@ from ..data.parallel import (
     read_parallel,
     source_tokens,
 )
+from ..io import atomic_write_text
 from ..models import Seq2Seq, Seq2SeqConfig
 from ..models.seq2seq import sequence_nll
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "bleu_significance",

@@ -48,8 +48,8 @@ from ..distributions import (
 )
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe, markdown_table
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "RECIPE",

@@ -48,7 +48,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..data._files import read_sentences
 from ..data.treebank import (
     TreebankSentence,
     binarised_spans,
@@ -57,15 +56,16 @@ from ..data.treebank import (
     normalise_word,
     random_spans,
 )
+from ..io import read_sentences
 from ..metrics import bracket_f1
 from ..models.language_model import RNNLanguageModel
 from ..models.prpn_lm import PRPNConfig, PRPNLanguageModel
 from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
 from ..training import TrainConfig
 from . import runs
-from ._config import replace_path
 from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus, perplexity_bars
 from .base import Preset, Recipe, markdown_table
+from .config import replace_path
 
 __all__ = [
     "MODELS",

@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 import torch
 
-from ..data._files import atomic_write_text
-from ._config import config_from_dict, config_to_dict, replace_path
+from ..io import atomic_write_text
 from .base import RESUMABLE, Recipe, markdown_table
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "RunJob",

@@ -30,8 +30,8 @@ from ..data.tree_transduction import (
 from ..models import StructuredSeq2Seq
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from ._config import config_from_dict, config_to_dict, replace_path
 from .base import GridAxis, Preset, Recipe
+from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
     "PAPER_TABLE",

@@ -53,7 +53,7 @@ def shared_data_dir(*parts: str, what: str, hint: str = "") -> Path:
     (the layout of a checkout next to the shared data). Raises ``FileNotFoundError`` naming
     ``what``, the paths tried and ``--data-dir`` (plus ``hint``) when neither exists."""
     relative = Path("..", "shared", "data", *parts)
-    repository = Path(__file__).resolve().parents[3]  # src/structattn/data/_files.py -> repo
+    repository = Path(__file__).resolve().parents[2]  # src/structattn/io.py -> repo
     candidates = [Path.cwd() / relative, repository / relative]
     for candidate in candidates:
         if candidate.is_dir():
