@@ -697,3 +697,91 @@ def test_kernel_outputs_do_not_keep_their_graph_alive(kind: str) -> None:
     del out
     gc.collect()
     assert ref() is None
+
+
+def test_every_launcher_of_an_environment_shares_one_build() -> None:
+    """``python``, ``python3`` and ``python3.X`` of one environment (and the console script,
+    whose shebang names one of them) hash to one build (issue 38.1: they built one each)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = Path(sys.executable).parent
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    launchers = [folder / n for n in ("python", "python3", minor) if (folder / n).exists()]
+    assert len(launchers) >= 2, launchers
+    code = "from structattn.structs._extension import build_name; print(build_name())"
+    names = {
+        subprocess.run([str(launcher), "-c", code], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+        for launcher in launchers
+    }
+    assert len(names) == 1, names
+
+
+def test_a_stale_build_lock_is_removed(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``lock`` left in the build directory by a process killed during a build made every
+    later process wait in torch's ``FileBaton.wait`` forever (issue 37.3.1); now the builder
+    that holds structattn's OS lock removes it, and torch's lock is taken at once."""
+    import types
+    from pathlib import Path
+
+    import torch.utils.cpp_extension as cpp
+    from torch.utils.file_baton import FileBaton
+
+    root = Path(tmp_path)
+    name = _extension.build_name(_extension._SOURCES + _extension._HEADERS)
+    (root / name).mkdir(parents=True)
+    (root / name / "lock").touch()  # what a killed build leaves
+    taken: list[bool] = []
+
+    def load(**kwargs: object) -> types.ModuleType:  # torch's own first step: its baton
+        baton = FileBaton(str(root / str(kwargs["name"]) / "lock"))
+        taken.append(baton.try_acquire())
+        if taken[-1]:
+            baton.release()
+        return types.ModuleType("fake_kernels")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "1")
+    assert kernels(torch.zeros(1, 2, 2)) is not None
+    assert taken == [True]
+    assert not (root / name / "lock").exists()
+
+
+def test_the_build_lock_is_released_when_its_holder_dies(tmp_path: os.PathLike[str]) -> None:
+    """The OS lock dies with its holder: a process killed inside the build section does not
+    block the next one (kill -9 of a holder, then the lock is taken within seconds)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path\n"
+            "from structattn.structs._extension import _build_lock\n"
+            f"with _build_lock(Path({str(root)!r}), 'k'):\n"
+            "    print('held', flush=True); time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(timeout=10)
+        start = time.monotonic()
+        with _extension._build_lock(root, "k"):
+            pass
+        assert time.monotonic() - start < 5
+    finally:
+        holder.kill()

@@ -12,13 +12,16 @@ makes a failed build an error (CI uses it, so that the kernels are really tested
 
 **The build cache.** A build is cached under ``TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``) in a directory named by :func:`build_name`: a hash of
-everything that makes two builds differ (the interpreter's path and version, torch's path,
+everything that makes two builds differ (the interpreter and environment, torch's path,
 version and C++ ABI, the compiler (``CXX``) and flags, and the text of the sources and
 headers), so that two environments, or two checkouts, each keep their own build instead of
-rebuilding each other's. A build takes 1-2 minutes; it is announced once per process on
-stderr (or through the ``structattn`` logger where logging shows its INFO records, as the
-CLI's does: never twice). :func:`build_kernels` builds ahead of time (a Docker image, a
-CI step whose cache of ``TORCH_EXTENSIONS_DIR`` is keyed by :func:`build_name`)."""
+rebuilding each other's, while every launcher of one environment (``python``, ``python3``,
+the ``structattn`` console script) shares one build. A build takes 2-5 minutes on a 2-core
+machine; it is announced once per process on stderr (or through the ``structattn`` logger
+where logging shows its INFO records, as the CLI's does: never twice). :func:`build_kernels`
+builds ahead of time (a Docker image, a CI step whose cache of ``TORCH_EXTENSIONS_DIR`` is
+keyed by :func:`build_name`). A process killed during a build leaves no lock that blocks
+later ones (:func:`_build_lock`)."""
 
 from __future__ import annotations
 
@@ -77,10 +80,11 @@ def build_name(
 ) -> str:
     """The name of the kernels' build, ``structattn_kernels_<hash>``: also its directory
     under ``TORCH_EXTENSIONS_DIR``. The hash (16 hex digits of SHA-256) covers the
-    interpreter (path and version), torch (path, version, C++ ABI), the platform, the
-    compiler's environment (``CXX``, ``CXXFLAGS``, ...), the flags and the text of
-    ``files`` (by default the kernels' sources and headers): a build differs exactly when
-    the name does. Reads the sources (~0.1 ms), once per process in practice."""
+    interpreter (its resolved path, the environment's prefix and the version: not the name
+    it was launched by), torch (path, version, C++ ABI), the platform, the compiler's
+    environment (``CXX``, ``CXXFLAGS``, ...), the flags and the text of ``files`` (by default
+    the kernels' sources and headers): a build differs exactly when the name does. Reads the
+    sources (~0.1 ms), once per process in practice."""
     if files is None:
         files = _SOURCES + _HEADERS
     if cflags is None or ldflags is None:
@@ -88,7 +92,8 @@ def build_name(
         cflags = default_cflags if cflags is None else cflags
         ldflags = default_ldflags if ldflags is None else ldflags
     facts = [
-        sys.executable,
+        os.path.realpath(sys.executable),  # python, python3, a console script: one build
+        sys.prefix,
         sys.version,
         platform.machine(),
         torch.__version__,
@@ -130,6 +135,38 @@ def _notify(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _build_lock(root: Path, name: str) -> Iterator[None]:
+    """Hold an OS file lock (``flock``) on ``<root>/<name>.flock`` around torch's build.
+
+    torch guards a build with a ``lock`` file in the build directory that a process killed
+    while holding it (Ctrl-C during a first build) leaves behind, and every later process then
+    waits for it forever. The OS releases a ``flock`` when its holder dies, so whoever holds
+    this one is the only structattn process in torch's build: a ``lock`` file found then is
+    stale and is removed. Waiting for a live builder is announced once. Without ``fcntl``
+    (Windows) torch's own lock alone applies."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.flock", "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _notify("structattn: waiting for another process that is building the C++ kernels")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = root / name / "lock"
+            if stale.exists():
+                _log.warning("structattn: removing a stale kernel build lock %s", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build(mode: str) -> ModuleType | None:
     if mode == "off":
         return None
@@ -145,24 +182,25 @@ def _build(mode: str) -> ModuleType | None:
             if not _announced:
                 _announced = True
                 announced.set()
-                root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
                 _notify(
-                    "structattn: compiling the C++ kernels (once per environment, 1-2 "
+                    "structattn: compiling the C++ kernels (once per environment, 2-5 "
                     f"minutes; cached as {name} in {root}, set TORCH_EXTENSIONS_DIR to "
                     "change it) ..."
                 )
 
+        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
         start = time.perf_counter()
         timer = threading.Timer(_NOTICE_DELAY, notice)
         timer.daemon = True
         timer.start()
         try:
-            module = load(
-                name=name,
-                sources=[str(path) for path in _SOURCES],
-                extra_cflags=cflags,
-                extra_ldflags=ldflags,
-            )
+            with _build_lock(root, name):
+                module = load(
+                    name=name,
+                    sources=[str(path) for path in _SOURCES],
+                    extra_cflags=cflags,
+                    extra_ldflags=ldflags,
+                )
         finally:
             timer.cancel()
         if announced.is_set():
@@ -185,7 +223,7 @@ def _build(mode: str) -> ModuleType | None:
 def build_kernels() -> ModuleType:
     """Build (or load from the cache) the C++ kernels now, raising ``RuntimeError`` if they
     cannot be built: for a Docker image or a CI step, so that the first use does not wait.
-    ``python -c "from structattn.structs._extension import build_kernels; build_kernels()"``
+    ``python -c "from structattn.structs import build_kernels; build_kernels()"``
     """
     with _lock:
         module = _state.get("module")
