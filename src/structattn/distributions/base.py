@@ -18,8 +18,11 @@ Items with no valid structure (every structure has a ``-inf`` part) get
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import sys
+from collections.abc import Callable, Sequence
 from functools import cached_property
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -28,12 +31,31 @@ from ..semirings import LogSemiring, MaxSemiring, SampleSemiring, Semiring
 
 __all__ = ["StructuredDistribution"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 
 def _fresh_leaf(t: Tensor) -> Tensor:
     """A grad-requiring leaf copy of ``t`` (works for inference-mode tensors too)."""
     if t.is_inference():
         t = t.clone()
     return t.detach().requires_grad_(True)
+
+
+def _eager(fn: _F) -> _F:
+    """``torch.compiler.disable(fn)``, applied at the first call made while ``torch._dynamo``
+    is loaded: the decorator imports Dynamo (about 2 s), which ``import structattn`` should
+    not pay. Before Dynamo is loaded nothing can be compiling, so ``fn`` runs as it is."""
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+
+    return cast(_F, call)
 
 
 class StructuredDistribution:
@@ -83,7 +105,7 @@ class StructuredDistribution:
     # Marginals are gradients taken inside the forward pass and differentiated again by the
     # caller (double backward), which torch.compile's AOTAutograd does not support: the
     # inference pass runs eagerly and everything around it can still be compiled.
-    @torch.compiler.disable
+    @_eager
     def _inside_with_grad(
         self,
         semiring: type[Semiring],
