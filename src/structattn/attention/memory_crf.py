@@ -185,6 +185,8 @@ class MemoryCRFAttention(nn.Module):
             raise ValueError(f"`query` must have shape [B, {self.embed_dim}]")
         keys = self._per_step(keys, "keys")  # [B, K, n, D]
         batch, _, n, _ = keys.shape
+        if n == 0:
+            raise ValueError("`keys` must hold at least one memory fact, got 0")
         mask = check_mask("mask", mask, (batch, n), keys.device)
         unary, queries = self._scores_and_queries(query, keys, values, mask)  # theta_k(i)
         unary = unary.masked_fill(~mask.unsqueeze(1), float("-inf"))

@@ -140,12 +140,17 @@ class SyntacticAttention(nn.Module):
         self.prepend_root = prepend_root
         self.return_children = children
         self.multiroot = multiroot
+        self.input_dim = input_dim
         self.scorer = BiLSTMArcScorer(input_dim, hidden_dim, scorer_layers)
         self.root = nn.Parameter(torch.zeros(input_dim)) if prepend_root else None
 
     def _prepare(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Inputs with ROOT [B, N', D] and their lengths [B]."""
         x = check_memory(x, "x")
+        if x.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"`x` must have {self.input_dim} features (input_dim), got shape {tuple(x.shape)}"
+            )
         mask = check_mask("mask", mask, tuple(x.shape[:2]), x.device)
         lengths = prefix_lengths("mask", mask, 1 if self.prepend_root else 2)
         if self.root is not None:

@@ -211,6 +211,8 @@ def parse_babi_lines(
         where = f"{source}:{lineno}"
         if "\r" in line:
             raise _malformed(where, "carriage return in line (Windows line ending?)")
+        if "\0" in line:
+            raise _malformed(where, "a NUL byte (not a text file, or corrupted)")
         match = _LINE.fullmatch(line)
         if not match:
             if not line.strip():
@@ -285,7 +287,8 @@ def read_babi(
 
     The task id comes from the file name (``qa<N>_...``; 0 otherwise). Blank lines at the end
     of the file are ignored; any other malformed line raises
-    ``ValueError("<path>:<line>: <what is wrong>")``: invalid UTF-8, a carriage return, an empty
+    ``ValueError("<path>:<line>: <what is wrong>")``: invalid UTF-8, a carriage return, a NUL
+    byte, an empty
     line, no leading ``ID`` and space, the first ID not 1, an ID that neither follows the
     previous one nor restarts a story at 1, a sentence or question without words, a question
     (ends with ``?``) without the two TAB fields, a wrong number of TABs, an empty or

@@ -35,6 +35,14 @@ def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None) -> Tensor:
     check_potentials("unary", unary, rank=2, allow_neg_inf=False)
     check_potentials("pairwise", pairwise, rank=3, allow_neg_inf=False)
     batch, n = unary.shape
+    if n == 0:
+        raise ValueError(
+            f"`unary` must have at least one position (N >= 1), got shape {tuple(unary.shape)}"
+        )
+    if pairwise.dtype != unary.dtype:
+        raise ValueError(
+            f"`pairwise` must have the dtype of `unary` ({unary.dtype}), got {pairwise.dtype}"
+        )
     if pairwise.shape != (batch, n, n):
         raise ValueError(
             f"`pairwise` must have shape ({batch}, {n}, {n}), got {tuple(pairwise.shape)}"

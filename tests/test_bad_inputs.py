@@ -1,0 +1,45 @@
+"""Bad inputs give one ``ValueError`` naming the argument or the file, on every code path
+(issue 37.3.11: these raised raw torch errors or were accepted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from structattn.attention import MemoryCRFAttention, SyntacticAttention
+from structattn.data.babi import read_babi
+from structattn.structs._extension import kernels_disabled
+from structattn.structs.mean_field import mean_field_marginals
+
+
+def test_mean_field_mixed_dtypes_and_no_positions() -> None:
+    with pytest.raises(ValueError, match="`pairwise` must have the dtype of `unary`"):
+        mean_field_marginals(torch.randn(2, 4), torch.randn(2, 4, 4, dtype=torch.float64), 2)
+    with pytest.raises(ValueError, match="`unary` must have at least one position"):
+        mean_field_marginals(torch.randn(2, 0), torch.randn(2, 0, 0), 2)
+
+
+def test_syntactic_attention_wrong_feature_size() -> None:
+    with pytest.raises(ValueError, match=r"`x` must have 8 features \(input_dim\)"):
+        SyntacticAttention(8)(torch.randn(2, 5, 6))
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_memory_crf_attention_without_facts(kernels: bool) -> None:
+    layer = MemoryCRFAttention(8, 3)
+    query, empty = torch.randn(2, 8), torch.randn(2, 0, 8)
+    with pytest.raises(ValueError, match="`keys` must hold at least one memory fact"):
+        if kernels:
+            layer(query, empty, empty)
+        else:
+            with kernels_disabled():
+                layer(query, empty, empty)
+
+
+def test_a_nul_byte_in_a_babi_file(tmp_path: Path) -> None:
+    path = tmp_path / "qa1_single-supporting-fact_train.txt"
+    path.write_bytes(b"1 Mary moved to the bathroom.\n2 John went\x00 to the hallway.\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2: a NUL byte"):
+        read_babi(path)
