@@ -43,3 +43,16 @@ def test_a_nul_byte_in_a_babi_file(tmp_path: Path) -> None:
     path.write_bytes(b"1 Mary moved to the bathroom.\n2 John went\x00 to the hallway.\n")
     with pytest.raises(ValueError, match=rf"^{path}:2: a NUL byte"):
         read_babi(path)
+
+
+def test_an_empty_split_is_refused(tmp_path: Path) -> None:
+    """An empty valid.tsv made tree transduction report a validation perplexity of 1.0
+    (issue 37.3.9)."""
+    from structattn.data.tree_transduction import read_splits
+
+    for name in ("train", "valid", "test"):
+        (tmp_path / f"{name}.tsv").write_text("( + 1 2 )\t1 + 2\n")
+    assert len(read_splits(tmp_path)["valid"]) == 1
+    (tmp_path / "valid.tsv").write_text("")
+    with pytest.raises(ValueError, match=r"valid\.tsv: the valid split has no pairs"):
+        read_splits(tmp_path)

@@ -560,12 +560,17 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 
 def read_splits(data_dir: str | os.PathLike[str]) -> dict[str, list[Pair]]:
-    """Read ``train.tsv``, ``valid.tsv`` and ``test.tsv`` from a directory."""
+    """Read ``train.tsv``, ``valid.tsv`` and ``test.tsv`` from a directory; ``ValueError``
+    naming the file when a split has no pairs."""
     directory = Path(data_dir)
     missing = [f"{n}.tsv" for n in SPLIT_NAMES if not (directory / f"{n}.tsv").is_file()]
     if missing:
         raise FileNotFoundError(f"{directory}: missing {', '.join(missing)}")
-    return {name: read_pairs(directory / f"{name}.tsv") for name in SPLIT_NAMES}
+    splits = {name: read_pairs(directory / f"{name}.tsv") for name in SPLIT_NAMES}
+    for name, pairs in splits.items():
+        if not pairs:  # an empty validation set would score as perfect (perplexity 1)
+            raise ValueError(f"{directory / f'{name}.tsv'}: the {name} split has no pairs")
+    return splits
 
 
 # ----------------------------------------------------------------------------- vocabulary
