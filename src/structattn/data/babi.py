@@ -286,13 +286,13 @@ def read_babi(
     """Read a bAbI file (UTF-8, ``\\n`` line ends) into one :class:`BabiExample` per question.
 
     The task id comes from the file name (``qa<N>_...``; 0 otherwise). Blank lines at the end
-    of the file are ignored; any other malformed line raises
-    ``ValueError("<path>:<line>: <what is wrong>")``: invalid UTF-8, a carriage return, a NUL
-    byte, an empty line, no leading ``ID`` and space, the first ID not 1, an ID that neither
-    follows the previous one nor restarts a story at 1, a sentence or question without words, a question
-    (ends with ``?``) without the two TAB fields, a wrong number of TABs, an empty or
-    multi-word answer, no supporting fact IDs, or a supporting fact ID that is not an earlier
-    story sentence (not a question) of the same story.
+    of the file are ignored; any other malformed line raises ``ValueError("<path>:<line>: <what
+    is wrong>")``: invalid UTF-8, a carriage return, a NUL byte, an empty line, no leading
+    ``ID`` and space, the first ID not 1, an ID that neither follows the previous one nor
+    restarts a story at 1, a sentence or question without words, a question (ends with ``?``)
+    without the two TAB fields, a wrong number of TABs, an empty or multi-word answer, no
+    supporting fact IDs, or a supporting fact ID that is not an earlier story sentence (not a
+    question) of the same story.
     """
     text = read_utf8(path)
     lines = text.split("\n")
