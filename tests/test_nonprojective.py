@@ -205,6 +205,50 @@ def test_sample_redraws_impossible_arcs(monkeypatch: pytest.MonkeyPatch) -> None
         assert is_tree(samples.reshape(200, 5), torch.full((200,), 5), multiroot).all()
 
 
+@MULTIROOT
+@pytest.mark.parametrize("path", ["updates", "conditioning"])
+def test_both_samplers_are_exact(
+    multiroot: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sherman-Morrison updates of the inverse Laplacian (the default, O(N^3) per sample)
+    and the recomputed marginals (the fallback for ill-conditioned items, O(N^4)) both match
+    the enumerated distribution, with variable lengths (issue 37.3.12)."""
+    torch.manual_seed(1)
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(2, 5, 5, dtype=torch.float64, generator=gen) * 1.5
+    lengths = torch.tensor([5, 4])
+    calls: list[int] = []
+    conditioning = nonprojective._sample_by_conditioning
+
+    def counted(scores: Tensor, *args: object) -> Tensor:
+        calls.append(len(scores))
+        return conditioning(scores, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nonprojective, "_sample_by_conditioning", counted)
+    if path == "conditioning":  # no item is trusted to the updates
+        monkeypatch.setattr(nonprojective, "_MAX_COND_DEFAULT", 0.0)
+    n = 3000
+    samples = NonProjectiveDependencyCRF(scores, lengths, multiroot).sample(n)
+    assert calls == ([] if path == "updates" else [2 * n])
+    for b, length in enumerate(lengths.tolist()):
+        ref = enumerate_item(scores[b, :length, :length], multiroot)
+        counts = Counter(tuple(row[1:length].tolist()) for row in samples[:, b])
+        assert set(counts) <= set(ref.support)
+        freq = torch.tensor([counts[t] / n for t in ref.support], dtype=torch.float64)
+        assert 0.5 * (freq - ref.probs).abs().sum() < 0.05
+        assert (samples[:, b, length:] == -1).all()
+
+
+def test_sampler_at_hundreds_of_words_gives_trees() -> None:
+    """N = 300: every sample a tree, drawn by the updates alone (the conditioning sampler
+    took minutes at N = 500)."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 300, 300)
+    for multiroot in (True, False):
+        samples = NonProjectiveDependencyCRF(scores, multiroot=multiroot).sample(1)
+        assert is_tree(samples[0], torch.full((2,), 300), multiroot).all()
+
+
 # ---- padding, degenerate sizes, items with no tree ------------------------------------------
 @MULTIROOT
 def test_padding_invariance(multiroot: bool) -> None:

@@ -58,8 +58,9 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
     Complexity: log Z, marginals and entropy O(B N^3) time: a batched LU and inverse (and two
     batched matmuls for a loss on the marginals), memory O(B N^2); items on the fallback take
     N sequential steps (memory O(B N^3) when differentiated); argmax O(B N^2) per
-    contraction round, at most N - 1 rounds (one host sync each); ``sample(n)`` O(n B N^4)
-    in N sequential conditioning steps.
+    contraction round, at most N - 1 rounds (one host sync each); ``sample(n)`` O(n B N^3)
+    in N sequential conditioning steps (rank-one updates of the inverse Laplacian; O(N^4)
+    for the rare ill-conditioned items).
 
     Example:
         >>> tree = NonProjectiveDependencyCRF(torch.randn(2, 6, 6), lengths=torch.tensor([6, 4]))
