@@ -115,6 +115,15 @@ def test_second_order_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(ratios) == 10 and all(math.isfinite(r) and r > 0 for r in ratios)
 
 
+def test_large_trees_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/large_trees.py`` times every operation, both samplers up to the limit."""
+    module = _load_script("large_trees.py")
+    assert module.main(["--sizes", "12", "--repeats", "1", "--old-sampler-max", "12"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 12 ")]
+    assert len(rows) == 9 and any("recomputing sampler" in row for row in rows)
+    assert all(math.isfinite(float(row.split("|")[3])) for row in rows)
+
+
 def test_chain_labels_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/chain_labels.py --quick`` prints both codes' times and whether the kernel
     serves each size (20 labels, a small buffer: yes; 30 labels: no)."""
