@@ -56,3 +56,21 @@ def test_an_empty_split_is_refused(tmp_path: Path) -> None:
     (tmp_path / "valid.tsv").write_text("")
     with pytest.raises(ValueError, match=r"valid\.tsv: the valid split has no pairs"):
         read_splits(tmp_path)
+
+
+@pytest.mark.parametrize("structure", ["projective", "non-projective", "softmax"])
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), 1e30])
+def test_syntactic_attention_padding_is_inert(structure: str, junk: float) -> None:
+    """NaN / inf at padded positions reached real ones through ``0 * NaN`` in the parent
+    sum (issue 37.3.10): the padded item now equals the item alone."""
+    torch.manual_seed(0)
+    layer = SyntacticAttention(8, structure=structure, children=True).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    x[1, 3:] = junk
+    out = layer(x, mask)
+    alone = layer(x[1:, :3])
+    torch.testing.assert_close(out.parents[1, :3], alone.parents[0])
+    assert out.children is not None and alone.children is not None
+    torch.testing.assert_close(out.children[1, :3], alone.children[0])
+    torch.testing.assert_close(out.marginals[1, :4, :4], alone.marginals[0])

@@ -153,6 +153,7 @@ class SyntacticAttention(nn.Module):
             )
         mask = check_mask("mask", mask, tuple(x.shape[:2]), x.device)
         lengths = prefix_lengths("mask", mask, 1 if self.prepend_root else 2)
+        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding inert: 0 * NaN would leak
         if self.root is not None:
             root = self.root.to(x.dtype).expand(x.shape[0], 1, -1)
             x = torch.cat([root, x], dim=1)
