@@ -7,6 +7,7 @@ from functools import cached_property, lru_cache
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials, length_mask
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.dependency import (
@@ -193,6 +194,7 @@ class TreeCRFBase(StructuredDistribution):
         multiroot: bool = True,
         validate_args: bool = True,
     ) -> None:
+        (arc_scores,) = autocast_widened(arc_scores)  # under autocast: inference in float32
         if validate_args:
             check_potentials("arc_scores", arc_scores, rank=3)
             batch, size, size2 = arc_scores.shape

@@ -7,6 +7,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials, length_mask
 from ..semirings import LogSemiring, Semiring
 from ..structs.linear_chain import (
@@ -54,6 +55,10 @@ class LinearChainCRF(StructuredDistribution):
         lengths: Tensor | None = None,
         validate_args: bool = True,
     ) -> None:
+        if pairwise is not None:  # under autocast: inference in float32
+            unary, pairwise = autocast_widened(unary, pairwise)
+        else:
+            (unary,) = autocast_widened(unary)
         if validate_args:
             check_potentials("unary", unary, rank=3)
         batch, n, c = unary.shape

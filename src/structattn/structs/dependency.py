@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
@@ -64,6 +65,7 @@ def _arcs_by_width(arc_scores: Tensor) -> list[Tensor]:
     return [flat[:, :0]] + [x.view(batch, 2, size - w) for w, x in enumerate(parts, 1)]
 
 
+@full_precision
 def eisner_inside(
     arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, semiring: type[Semiring]
 ) -> Tensor:
@@ -468,6 +470,7 @@ class _EisnerMax(torch.autograd.Function):
         return _eisner_backtrack(ctx.splits, last, grad, ctx.size), None, None
 
 
+@full_precision
 def eisner_argmax(
     arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
 ) -> tuple[Tensor, Tensor] | None:
@@ -486,6 +489,7 @@ def eisner_argmax(
     return score, heads
 
 
+@full_precision
 def eisner_max(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
     """Score of the best projective tree, [B], like ``eisner_inside(..., MaxSemiring)``
     (ties: the first split point), with a hand-written backtrack as its backward (the
@@ -587,6 +591,7 @@ class _EisnerMarginals(torch.autograd.Function):
         return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None
 
 
+@full_precision
 def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
     """log Z over projective trees, [B], like ``eisner_inside(..., LogSemiring)`` but with a
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
@@ -594,6 +599,7 @@ def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: 
     return _EisnerLogPartition.apply(arc_scores, lengths, multiroot)
 
 
+@full_precision
 def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
     """Arc marginals p(h -> m) over projective trees, [B, N, N], in one autograd node:
     forward the inside and outside passes, backward the hand-written Hessian-vector product

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
+from .._precision import full_precision
 from .._validation import last_index, length_mask
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
@@ -37,6 +38,7 @@ def _use_scan(n: int, c: int) -> bool:
     return (c <= 3 and n >= 16) or (c == 4 and n >= 48)
 
 
+@full_precision
 def chain_inside(
     unary: Tensor,
     pairwise: Tensor,
@@ -66,6 +68,7 @@ def chain_inside(
     return semiring.sum(alpha, dim=-1)
 
 
+@full_precision
 def chain_inside_scan(
     unary: Tensor, pairwise: Tensor, lengths: Tensor | None, semiring: type[Semiring]
 ) -> Tensor:
@@ -92,6 +95,7 @@ def chain_inside_scan(
     return semiring.sum(end, dim=-1)
 
 
+@full_precision
 def chain_kbest(
     unary: Tensor, pairwise: Tensor, lengths: Tensor | None, k: int
 ) -> tuple[Tensor, Tensor]:
@@ -693,6 +697,7 @@ class _ChainMarginals(torch.autograd.Function):
         )
 
 
+@full_precision
 def chain_log_partition(
     unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str = "auto"
 ) -> Tensor:
@@ -739,6 +744,7 @@ def chain_marginals(
 def chain_marginals(
     unary: Tensor, pairwise: Tensor, lengths: Tensor | None, edges: bool, method: str = ...
 ) -> tuple[Tensor, Tensor | None]: ...
+@full_precision
 def chain_marginals(
     unary: Tensor,
     pairwise: Tensor,

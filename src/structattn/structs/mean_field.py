@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._precision import full_precision
 from .._validation import check_potentials
 
 __all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
@@ -124,6 +125,7 @@ class _MeanFieldUpdates(torch.autograd.Function):
         )
 
 
+@full_precision
 def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
     """Spins [*, N] after ``iterations`` updates ``s <- sigmoid(phi + J s)`` from
     ``sigmoid(phi)`` with unary [*, N] and coupling [*, N, N] (same leading dimensions), no
@@ -137,6 +139,7 @@ def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tens
     return _MeanFieldUpdates.apply(unary, coupling, iterations)
 
 
+@full_precision
 def mean_field_marginals(
     unary: Tensor,
     pairwise: Tensor,

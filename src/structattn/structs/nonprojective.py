@@ -72,6 +72,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor
 
+from .._precision import full_precision
 from .._validation import length_mask
 from ..semirings import logsumexp
 from ._extension import kernels as compiled_kernels
@@ -492,6 +493,7 @@ def _fallback_items(keep: Tensor, lengths: Tensor | None, size: int) -> tuple[Te
     return index, sub
 
 
+@full_precision
 def matrix_tree_log_partition(
     arc_scores: Tensor, lengths: Tensor | None = None, multiroot: bool = True
 ) -> Tensor:
@@ -527,6 +529,7 @@ def matrix_tree_log_partition(
     return logz
 
 
+@full_precision
 def matrix_tree_marginals(
     arc_scores: Tensor,
     lengths: Tensor | None = None,
@@ -700,6 +703,7 @@ def _max_arborescence(rank: Tensor, score: Tensor, real: Tensor) -> Tensor:
     return heads[:, :size].masked_fill(~words, -1)
 
 
+@full_precision
 def chu_liu_edmonds(
     arc_scores: Tensor, lengths: Tensor | None = None, multiroot: bool = True
 ) -> Tensor:
@@ -742,6 +746,7 @@ def _heads_score(scores: Tensor, heads: Tensor) -> Tensor:
 
 
 # ---- exact sampling ------------------------------------------------------------------------
+@full_precision
 def matrix_tree_sample(
     arc_scores: Tensor, lengths: Tensor | None = None, multiroot: bool = True, n: int = 1
 ) -> Tensor:
