@@ -604,3 +604,26 @@ def test_works_under_no_grad_and_inference_mode(case: Case) -> None:
         got = case.marginals(case.build(tuple(p * 1 for p in params), lengths))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("labels", [None, 3])
+def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
+    """Scores that do not require grad take the outside pass written by hand."""
+    n = 7
+    shape = (5, n, n) if labels is None else (5, n, n, labels)
+    scores = torch.randn(shape, dtype=torch.float64)
+    scores[0, 1, 3] = float("-inf")  # a forbidden span
+    scores[1, 0, 0] = float("-inf")  # item 1: one label forbidden, or no tree at all
+    scores[3] = float("-inf")  # item 3: no tree
+    scores[4, 2:] = float("nan")  # item 4: padding
+    lengths = torch.tensor([7, 5, 1, 6, 2])
+    hand = TreeCRF(scores, lengths)
+    auto = TreeCRF(scores.clone().requires_grad_(), lengths)
+    torch.testing.assert_close(hand.marginals, auto.marginals.detach())
+    torch.testing.assert_close(hand.entropy, auto.entropy.detach())
+    assert (hand.marginals[3] == 0).all() and torch.isfinite(hand.marginals).all()
+    big = torch.randn(shape) * 1e4
+    hand32 = TreeCRF(big, lengths).marginals
+    auto32 = TreeCRF(big.clone().requires_grad_(), lengths).marginals.detach()
+    assert torch.isfinite(hand32).all()
+    torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 
 from .._validation import check_lengths
-from ..semirings import MaxSemiring, Semiring
-from ..structs.constituency import cky_inside, span_mask
+from ..semirings import LogSemiring, MaxSemiring, Semiring
+from ..structs.constituency import cky_inside, cky_marginals, span_mask
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -43,8 +45,10 @@ class TreeCRF(StructuredDistribution):
 
     CKY inside pass (:func:`~structattn.structs.constituency.cky_inside`): time O(B N^3)
     (N - 1 sequential span widths, one batched step each), memory O(B N^2) forward; the
-    marginals are the gradient of log Z by autograd (O(B N^3) memory), and their own
-    backward (a loss on the marginals) is autograd's double backward.
+    marginals are the gradient of log Z by autograd (O(B N^3) memory) where the scores
+    require grad (a loss on the marginals back-propagates by autograd's double backward),
+    and otherwise (inference) come from an outside pass written by hand
+    (:func:`~structattn.structs.constituency.cky_marginals`).
 
     Example:
         >>> crf = TreeCRF(torch.randn(2, 5, 5), lengths=torch.tensor([5, 3]))
@@ -102,6 +106,20 @@ class TreeCRF(StructuredDistribution):
         if self.lengths is None:
             return torch.full((batch,), size, dtype=torch.long, device=self.span_scores.device)
         return self.lengths
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        if self._differentiable():  # autograd, so that a loss on the marginals trains
+            return super()._marginals_tuple
+        # inference: the outside pass written by hand
+        with torch.no_grad():
+            (parts,) = self._parts(self.span_scores)
+            spans = LogSemiring.sum(parts, dim=-1) if self.labelled else parts  # [B, N, N]
+            _, marginals = cky_marginals(spans, self.lengths)
+            if self.labelled:  # p(label | span): the labels of a span are a softmax
+                norm = spans.masked_fill(torch.isneginf(spans), 0.0).unsqueeze(-1)
+                marginals = marginals.unsqueeze(-1) * (parts - norm).exp()
+        return (marginals,)
 
     @property
     def marginals(self) -> Tensor:

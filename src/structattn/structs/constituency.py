@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from .._validation import last_index
-from ..semirings import Semiring
+from ..semirings import LogSemiring, Semiring
 
-__all__ = ["cky_inside", "span_mask", "spans_by_width", "spans_to_chart"]
+__all__ = ["cky_inside", "cky_marginals", "span_mask", "spans_by_width", "spans_to_chart"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -73,19 +73,19 @@ def span_mask(lengths: Tensor | None, batch: int, size: int, device: torch.devic
     return upper & (pos < lengths.view(-1, 1, 1))  # j < length (then i < length too)
 
 
-def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semiring]) -> Tensor:
-    """⊕ over the binary bracketings of each item of the sum of its spans' scores, [B].
+def _inside_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[Tensor]:
+    """Inside values by width: ``out[w - 1]`` [B, N - w + 1] = I(i, i + w - 1), w = 1 .. N."""
+    return [inner + spans for inner, spans in _inner_chart(span_scores, semiring)]
 
-    ``span_scores`` [B, N, N] (labels already summed out); entries outside the item (below
-    the diagonal, past its length) are never read, but must not be NaN where autograd
-    multiplies them (callers sanitise the padding). ``-inf`` forbids a span; an item with no
-    allowed bracketing gives the semiring zero, ``-inf``.
-    """
-    batch, size, _ = span_scores.shape
-    last = last_index(lengths, batch, size, span_scores.device)  # [B]: n - 1, the top width - 1
+
+def _inner_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[tuple[Tensor, Tensor]]:
+    """By width (``out[w - 1]``, w = 1 .. N): (⊕ over the splits of each span [i, i + w - 1]
+    of its two children's inside values, its score), both [B, N - w + 1]; the inner sum of a
+    word is 0."""
+    size = span_scores.shape[1]
     spans = spans_by_width(span_scores)  # spans[w]: [B, N - w + 1]
-    inside = spans[1]  # I(i, i), [B, N]
-    tops = [inside[:, :1]]  # I(0, w - 1) for w = 1 .. N
+    chart = [(torch.zeros_like(spans[1]), spans[1])]  # I(i, i) = s(i, i)
+    inside = spans[1]
     left: Tensor | None = None
     right: Tensor | None = None
     for w in range(2, size + 1):
@@ -99,9 +99,104 @@ def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semir
         left = new_left if left is None else torch.cat([left[:, :n], new_left], -1)
         right = new_right if right is None else torch.cat([new_right, right[:, 1:]], -1)
         # I(i, j) = s(i, j) + ⊕_k I(i, i + k) + I(i + k + 1, j)   [B, n]
-        inside = spans[w] + semiring.sum(left + right, dim=-1)
-        tops.append(inside[:, :1])
-    top = torch.cat(tops, -1).gather(1, last.unsqueeze(-1))  # [B, 1]: I(0, n - 1)
+        inner = semiring.sum(left + right, dim=-1)
+        inside = spans[w] + inner
+        chart.append((inner, spans[w]))
+    return chart
+
+
+def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semiring]) -> Tensor:
+    """⊕ over the binary bracketings of each item of the sum of its spans' scores, [B].
+
+    ``span_scores`` [B, N, N] (labels already summed out); entries outside the item (below
+    the diagonal, past its length) are never read, but must not be NaN where autograd
+    multiplies them (callers sanitise the padding). ``-inf`` forbids a span; an item with no
+    allowed bracketing gives the semiring zero, ``-inf``.
+    """
+    batch, size, _ = span_scores.shape
+    last = last_index(lengths, batch, size, span_scores.device)  # [B]: n - 1, the top width - 1
+    chart = _inside_chart(span_scores, semiring)
+    tops = torch.cat([inside[:, :1] for inside in chart], -1)  # [B, N]: I(0, w - 1)
+    top = tops.gather(1, last.unsqueeze(-1))  # [B, 1]: I(0, n - 1)
     # ⊕ over one term: the same value, but the gradient of an item with no allowed tree
     # (-inf) is 0 at its whole-sentence span too (the safe logsumexp's convention)
     return semiring.sum(top, dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _parent_index(size: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+    """Per width w = 1 .. N - 1 (``out[w - 1]``): flat positions in a chart [N * N + 1]
+    (last entry a sentinel) of (parent, sibling) [N - w + 1, 2 (N - w)] for every span
+    [i, j = i + w - 1] and sibling width d = 1 .. N - w: first as the left child of
+    [i, j + d] (sibling [j + 1, j + d]), then as the right child of [i - d, j] (sibling
+    [i - d, i - 1]); the sentinel where that parent would leave 0..N-1."""
+    with torch.inference_mode(False):
+        out = []
+        sentinel = size * size
+        for w in range(1, size):
+            i = torch.arange(size - w + 1, device=device).unsqueeze(-1)  # [n, 1]
+            j = i + w - 1
+            d = torch.arange(1, size - w + 1, device=device)  # [N - w]
+            ok_left = j + d < size
+            ok_right = i - d >= 0
+            parent = torch.cat([i * size + j + d, (i - d) * size + j], -1)
+            sibling = torch.cat([(j + 1) * size + j + d, (i - d) * size + i - 1], -1)
+            ok = torch.cat([ok_left, ok_right], -1)
+            out.append((parent.where(ok, sentinel), sibling.where(ok, sentinel)))
+        return out
+
+
+@torch.no_grad()
+def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+    """log Z [B] and the span marginals [B, N, N] by inside and outside passes written by
+    hand (no autograd: for inference; the marginals are not differentiable).
+
+    The outside pass runs in the probability domain, widest spans first: a span's marginal
+    is the sum, over the parents it can be a child of, of the parent's marginal times the
+    probability of the parent's split that makes it a child,
+
+        p(i, j) = Σ_{d >= 1} p(i, j + d) exp(I(i, j) + I(j + 1, j + d) - inner(i, j + d))
+                           + p(i - d, j) exp(I(i - d, i - 1) + I(i, j) - inner(i - d, j)),
+
+    with p(0, n - 1) = 1 and inner(a, b) = I(a, b) - s(a, b) the log-sum over the splits of
+    [a, b] as the inside pass computed it (so a split's probability is a softmax of the
+    inside pass's own terms: no difference of large, separately rounded numbers, which
+    exp(outside + inside - log Z) would be). Time O(B N^3) (one gather and one reduction per
+    width), memory O(B N^2) plus O(N^3) cached indices. ``span_scores`` as for
+    :func:`cky_inside`.
+    """
+    batch, size, _ = span_scores.shape
+    device = span_scores.device
+    last = last_index(lengths, batch, size, device)  # [B]: n - 1
+    chart = _inner_chart(span_scores, LogSemiring)
+    inside = spans_to_chart([inner + spans for inner, spans in chart]).view(batch, -1)
+    logz = inside.gather(1, last.unsqueeze(-1)).squeeze(-1)  # I(0, n - 1), [B]
+    # flat charts [B, N * N + 1] whose last entry is the sentinel of a missing parent
+    inside = torch.cat([inside, span_scores.new_full((batch, 1), float("-inf"))], 1)
+    inner = spans_to_chart([inner for inner, _ in chart]).view(batch, -1)
+    inner = torch.cat([inner.masked_fill(torch.isneginf(inner), 0.0), inner[:, :1] * 0], 1)
+    marginals = span_scores.new_zeros(batch, size * size + 1)
+    widths = torch.arange(1, size + 1, device=device)
+    index, counts = _width_index(size, device)
+    flat_index = index.split(counts)
+    parents = _parent_index(size, device)
+    for w in range(size, 0, -1):
+        n = size - w + 1
+        own = inside[:, flat_index[w - 1]]  # [B, n]: I(i, j)
+        if w < size:
+            parent, sibling = parents[w - 1]  # [n, 2 (N - w)]
+            shape = (batch, *parent.shape)
+            # [B, n, 2 (N - w)]: I(i, j) + I(sibling) - inner(parent), then the split's
+            # probability times the parent's marginal
+            split = inside.index_select(1, sibling.flatten()).view(shape) + own.unsqueeze(-1)
+            split -= inner.index_select(1, parent.flatten()).view(shape)
+            split = split.exp_() * marginals.index_select(1, parent.flatten()).view(shape)
+            p_w = split.sum(-1)  # [B, n]
+        else:
+            p_w = span_scores.new_zeros(batch, n)
+        # the whole sentence of each item of length w, if it has a tree at all
+        root = (widths[w - 1] == last + 1) & torch.isfinite(logz)  # [B]
+        p_w[:, 0] = torch.where(root, 1.0, p_w[:, 0])
+        marginals[:, flat_index[w - 1]] = p_w
+    mask = span_mask(lengths, batch, size, device).reshape(batch, size * size)
+    return logz, marginals[:, :-1].masked_fill(~mask, 0.0).view(batch, size, size)
