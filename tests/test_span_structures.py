@@ -428,6 +428,9 @@ def test_empty_batch(case: Case) -> None:
     dist = case.build(params, None)
     assert dist.log_partition.shape == (0,) and dist.entropy.shape == (0,)
     assert dist.argmax.shape[0] == 0 and dist.sample(2).shape[:2] == (2, 0)
+    inference = case.build(tuple(p.detach() for p in params), None)  # TreeCRF: by hand
+    for want, got in zip(case.marginals(dist), case.marginals(inference), strict=True):
+        assert got.shape == want.shape and want.shape[0] == 0
 
 
 # ---- relations to other structures -------------------------------------------------------

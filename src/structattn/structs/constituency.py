@@ -73,15 +73,10 @@ def span_mask(lengths: Tensor | None, batch: int, size: int, device: torch.devic
     return upper & (pos < lengths.view(-1, 1, 1))  # j < length (then i < length too)
 
 
-def _inside_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[Tensor]:
-    """Inside values by width: ``out[w - 1]`` [B, N - w + 1] = I(i, i + w - 1), w = 1 .. N."""
-    return [inner + spans for inner, spans in _inner_chart(span_scores, semiring)]
-
-
-def _inner_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[tuple[Tensor, Tensor]]:
-    """By width (``out[w - 1]``, w = 1 .. N): (⊕ over the splits of each span [i, i + w - 1]
-    of its two children's inside values, its score), both [B, N - w + 1]; the inner sum of a
-    word is 0."""
+def _inside_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[tuple[Tensor, Tensor]]:
+    """By width (``out[w - 1]``, w = 1 .. N): (inner, inside) [B, N - w + 1] of the spans
+    [i, i + w - 1]: inner = ⊕ over the splits of the sum of the two children's inside values
+    (0 for a word), inside I = inner + the span's score."""
     size = span_scores.shape[1]
     spans = spans_by_width(span_scores)  # spans[w]: [B, N - w + 1]
     chart = [(torch.zeros_like(spans[1]), spans[1])]  # I(i, i) = s(i, i)
@@ -101,7 +96,7 @@ def _inner_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[tuple[Te
         # I(i, j) = s(i, j) + ⊕_k I(i, i + k) + I(i + k + 1, j)   [B, n]
         inner = semiring.sum(left + right, dim=-1)
         inside = spans[w] + inner
-        chart.append((inner, spans[w]))
+        chart.append((inner, inside))
     return chart
 
 
@@ -116,7 +111,7 @@ def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semir
     batch, size, _ = span_scores.shape
     last = last_index(lengths, batch, size, span_scores.device)  # [B]: n - 1, the top width - 1
     chart = _inside_chart(span_scores, semiring)
-    tops = torch.cat([inside[:, :1] for inside in chart], -1)  # [B, N]: I(0, w - 1)
+    tops = torch.cat([inside[:, :1] for _, inside in chart], -1)  # [B, N]: I(0, w - 1)
     top = tops.gather(1, last.unsqueeze(-1))  # [B, 1]: I(0, n - 1)
     # ⊕ over one term: the same value, but the gradient of an item with no allowed tree
     # (-inf) is 0 at its whole-sentence span too (the safe logsumexp's convention)
@@ -168,12 +163,12 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
     batch, size, _ = span_scores.shape
     device = span_scores.device
     last = last_index(lengths, batch, size, device)  # [B]: n - 1
-    chart = _inner_chart(span_scores, LogSemiring)
-    inside = spans_to_chart([inner + spans for inner, spans in chart]).view(batch, -1)
+    chart = _inside_chart(span_scores, LogSemiring)
+    inside = spans_to_chart([inside for _, inside in chart]).view(batch, size * size)
     logz = inside.gather(1, last.unsqueeze(-1)).squeeze(-1)  # I(0, n - 1), [B]
     # flat charts [B, N * N + 1] whose last entry is the sentinel of a missing parent
     inside = torch.cat([inside, span_scores.new_full((batch, 1), float("-inf"))], 1)
-    inner = spans_to_chart([inner for inner, _ in chart]).view(batch, -1)
+    inner = spans_to_chart([inner for inner, _ in chart]).view(batch, size * size)
     inner = torch.cat([inner.masked_fill(torch.isneginf(inner), 0.0), inner[:, :1] * 0], 1)
     marginals = span_scores.new_zeros(batch, size * size + 1)
     widths = torch.arange(1, size + 1, device=device)
