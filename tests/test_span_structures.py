@@ -191,23 +191,27 @@ def test_log_prob_against_brute_force(case: Case) -> None:
 
 
 def test_sample_frequencies(case: Case) -> None:
-    """Chi-square goodness of fit of 10000 exact samples (p-value > 1e-3; fixed seed)."""
+    """Chi-square goodness of fit of 10000 exact samples per item, variable lengths
+    (p-value > 1e-3; fixed seed)."""
     n = 3 if case.name.startswith("tree-") else 4
-    params = case.draw(1, n, torch.float64, 0.5)
-    dist = case.build(params, None)
-    ref = _oracle(case, params, 0, n)
-    index = {tuple(inds[0].flatten().tolist()): i for i, (inds, _) in enumerate(ref["support"])}
+    params = case.draw(2, n, torch.float64, 0.5)
+    lengths = torch.tensor([n, n - 1])
+    dist = case.build(params, lengths)
     draws = 10000
     samples = dist.sample(draws)
     assert samples.shape == (draws, *dist.argmax.shape)
-    counts = torch.zeros(len(index), dtype=torch.float64)
-    for s in samples[:, 0]:
-        counts[index[tuple(s.double().flatten().tolist())]] += 1  # KeyError: not a structure
-    expected = ref["probs"] * draws
-    chi2 = ((counts - expected) ** 2 / expected).sum()
-    dof = torch.tensor((len(index) - 1) / 2, dtype=torch.float64)
-    p_value = torch.special.gammaincc(dof, chi2 / 2)
-    assert p_value > 1e-3, (float(chi2), len(index))
+    for b, length in enumerate(lengths.tolist()):
+        ref = _oracle(case, params, b, length)
+        support = ref["support"]
+        index = {tuple(inds[0].flatten().tolist()): i for i, (inds, _) in enumerate(support)}
+        counts = torch.zeros(len(index), dtype=torch.float64)
+        for s in samples[:, b]:
+            counts[index[tuple(s.double().flatten().tolist())]] += 1  # KeyError: invalid
+        expected = ref["probs"] * draws
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        dof = torch.tensor((len(index) - 1) / 2, dtype=torch.float64)
+        p_value = torch.special.gammaincc(dof, chi2 / 2)
+        assert p_value > 1e-3, (float(chi2), len(index))
 
 
 # ---- counts ---------------------------------------------------------------------------------

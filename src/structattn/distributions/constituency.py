@@ -24,9 +24,8 @@ class TreeCRF(StructuredDistribution):
     A tree z of n words is a set of 2n - 1 spans [i, j] (words i..j inclusive): every word,
     the whole sentence and n - 2 nested constituents, each of at least two words, that split
     in two (every node of the tree has two children); a labelled tree gives each of its
-    spans exactly one label. There are Catalan(n - 1) unlabelled trees (torch-struct's
-    ``TreeCRF`` convention; supar's ``CRFConstituency`` scores the spans of width >= 2 only,
-    i.e. its scores are ours with zero on the diagonal).
+    spans exactly one label; its score is the sum of its spans' scores (torch-struct's
+    ``TreeCRF`` convention). There are Catalan(n - 1) unlabelled trees.
 
     Args:
         span_scores: [B, N, N] (unlabelled) or [B, N, N, L] (labelled);

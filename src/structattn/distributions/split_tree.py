@@ -53,8 +53,9 @@ class SplitTreeDistribution(StructuredDistribution):
 
     Args:
         scores: [B, N] pivot scores (log d_i of the notes; e.g. PRPN's syntactic distances
-            over a temperature). Finite at real words (``-inf`` would give every tree
-            probability 0); entries past an item's length are ignored (NaN included).
+            over a temperature). Finite at real words (a word scored ``-inf`` could never
+            be a pivot, yet every word is the pivot of one node); entries past an item's
+            length are ignored (NaN included).
         lengths: LongTensor [B] of words, in 1..N (``None`` = all N).
         validate_args: check shapes, dtypes and values (one host sync); default True.
 
