@@ -634,3 +634,32 @@ def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
     auto32 = TreeCRF(big.clone().requires_grad_(), lengths).marginals.detach()
     assert torch.isfinite(hand32).all()
     torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("labels", [None, 2])
+def test_tree_topk_against_brute_force(labels: int | None) -> None:
+    case = _tree_case(labels)
+    n, k = 4, 7
+    params = case.draw(3, n, torch.float64, 1.0)
+    params[0][1, 0, 1] = float("-inf")  # a forbidden span
+    lengths = torch.tensor([4, 3, 2])  # item 2: 1 unlabelled tree (fewer than k)
+    dist = case.build(params, lengths)
+    scores, trees = dist.topk(k)
+    assert scores.shape == (k, 3) and trees.shape == (k, *params[0].shape)
+    assert torch.equal(trees[0], dist.argmax)
+    torch.testing.assert_close(scores[0], dist.max_score)
+    for b, length in enumerate(lengths.tolist()):
+        support = [(ind[0], s) for ind, s in case.enumerate(_item(params, b), length)]
+        ranked = sorted((s for _, s in support if torch.isfinite(s)), key=float, reverse=True)
+        want = torch.tensor(ranked[:k] + [-math.inf] * (k - len(ranked[:k]))).double()
+        torch.testing.assert_close(scores[:, b], want)
+        found = len(ranked[:k])
+        for r in range(found):  # each tree reproduces its score, all distinct
+            tree = trees[r, b]
+            assert tree.min() >= 0
+            torch.testing.assert_close((tree * params[0][b].nan_to_num()).sum(), scores[r, b])
+        distinct = {tuple(trees[r, b].flatten().tolist()) for r in range(found)}
+        assert len(distinct) == found
+        assert trees[found:, b].eq(-1).all()
+    with pytest.raises(ValueError, match="k"):
+        dist.topk(0)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._validation import check_lengths
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from ..structs.constituency import cky_inside, cky_marginals, span_mask
+from ..structs.constituency import cky_inside, cky_kbest, cky_marginals, span_mask
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -125,6 +125,29 @@ class TreeCRF(StructuredDistribution):
         """p(span [i, j] (with label l) is in the tree), the shape of ``span_scores``; 0 below
         the diagonal and at padding. The diagonal and the whole sentence have total 1."""
         return self._marginals_tuple[0]
+
+    def topk(self, k: int) -> tuple[Tensor, Tensor]:
+        """Exact k best trees: (scores [k, B], spans [k, B, ...] 0/1 of the shape of
+        ``span_scores``), best first; missing trees (fewer than k allowed) have score -inf
+        and spans -1.
+
+        A k-best CKY pass (:func:`~structattn.structs.constituency.cky_kbest`, time
+        O(B N^3 k^2 log k)) and one backward pass per rank for the trees."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"`k` must be a positive int, got {k!r}")
+        with torch.inference_mode(False), torch.enable_grad():
+            scores = self.span_scores.detach().clone().requires_grad_(True)
+            (parts,) = self._parts(scores)
+            if not self.labelled:
+                parts = parts.unsqueeze(-1)  # [B, N, N, 1]
+            values = cky_kbest(parts, self.lengths, k)  # [B, k]
+            trees = []
+            for rank in range(k):
+                (grad,) = torch.autograd.grad(
+                    values[:, rank].sum(), scores, retain_graph=rank + 1 < k
+                )
+                trees.append(self._invalidate(grad.round().long(), values[:, rank].detach()))
+        return values.detach().T.contiguous(), torch.stack(trees)
 
     def _check_spans(self, value: Tensor) -> tuple[Tensor, Tensor]:
         """(indicators, "no tree" items) of ``value``; ValueError if it is not 0/1 spans of

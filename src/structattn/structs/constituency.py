@@ -29,7 +29,14 @@ from torch import Tensor
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 
-__all__ = ["cky_inside", "cky_marginals", "span_mask", "spans_by_width", "spans_to_chart"]
+__all__ = [
+    "cky_inside",
+    "cky_kbest",
+    "cky_marginals",
+    "span_mask",
+    "spans_by_width",
+    "spans_to_chart",
+]
 
 
 @functools.lru_cache(maxsize=64)
@@ -47,11 +54,11 @@ def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
 
 
 def spans_by_width(x: Tensor) -> list[Tensor]:
-    """``out[w]`` [B, N - w + 1]: ``x[:, i, i + w - 1]`` for the spans of width w = 1 .. N, by
-    one gather (``out[0]`` is an empty placeholder). ``x`` [B, N, N]."""
-    batch, size, _ = x.shape
+    """``out[w]`` [B, N - w + 1, *]: ``x[:, i, i + w - 1]`` for the spans of width
+    w = 1 .. N, by one gather (``out[0]`` is an empty placeholder). ``x`` [B, N, N, *]."""
+    batch, size = x.shape[:2]
     index, counts = _width_index(size, x.device)
-    flat = x.reshape(batch, size * size).index_select(1, index)
+    flat = x.reshape(batch, size * size, *x.shape[3:]).index_select(1, index)
     return [flat[:, :0], *flat.split(counts, 1)]
 
 
@@ -195,3 +202,52 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
         marginals[:, flat_index[w - 1]] = p_w
     mask = span_mask(lengths, batch, size, device).reshape(batch, size * size)
     return logz, marginals[:, :-1].masked_fill(~mask, 0.0).view(batch, size, size)
+
+
+def _topk(x: Tensor, k: int) -> Tensor:
+    """The k largest values along the last dimension, [..., k], best first (``-inf`` where
+    there are fewer than k)."""
+    if x.shape[-1] < k:
+        pad = x.new_full((*x.shape[:-1], k - x.shape[-1]), float("-inf"))
+        x = torch.cat([x, pad], -1)
+    return x.topk(k, dim=-1).values
+
+
+def cky_kbest(span_scores: Tensor, lengths: Tensor | None, k: int) -> Tensor:
+    """Scores of the k best (labelled) bracketings of each item, [B, k], best first
+    (``-inf`` where an item has fewer than k allowed trees).
+
+    ``span_scores`` [B, N, N, L] as for :func:`cky_inside` (labels not summed out). Each
+    chart cell keeps the k best values of its span (k-best max-plus semiring; a tree has one
+    derivation, so k best derivations are k best trees):
+
+        V(i, j) = top_k { s(i, j, l) + v : l, v in top_k ⊕_split V(i, m) ⊗ V(m + 1, j) }
+
+    where ⊗ adds every pair of the two children's k values. Differentiable: the gradient of
+    the r-th value with respect to ``span_scores`` is the 0/1 indicator of the r-th tree (a
+    tree's score is a sum of its spans' scores, and top-k routes the gradient to the chosen
+    entry). Time O(B N^3 k^2 log k) in N sequential widths, memory O(B N^2 k) forward.
+    """
+    batch, size = span_scores.shape[:2]
+    last = last_index(lengths, batch, size, span_scores.device)  # [B]: n - 1
+    labels = _topk(span_scores, k)  # [B, N, N, k]: the k best labels of each span
+    spans = spans_by_width(labels)  # spans[w]: [B, N - w + 1, k]
+    best = spans[1]  # V(i, i): [B, N, k]
+    tops = [best[:, :1]]  # V(0, w - 1): [B, 1, k]
+    left: Tensor | None = None
+    right: Tensor | None = None
+    for w in range(2, size + 1):
+        n = size - w + 1
+        # stripes [B, n, w - 1, k] as in cky_inside: V(i, i + m), V(i + m + 1, j)
+        new_left = best[:, :n, None]
+        new_right = best[:, 1:, None]
+        left = new_left if left is None else torch.cat([left[:, :n], new_left], 2)
+        right = new_right if right is None else torch.cat([new_right, right[:, 1:]], 2)
+        # every split and pair of children's values: [B, n, (w - 1) k k] -> top k  [B, n, k]
+        pairs = (left.unsqueeze(-1) + right.unsqueeze(-2)).flatten(2)
+        inner = _topk(pairs, k)
+        # every label value with every inner value: [B, n, k k] -> top k  [B, n, k]
+        best = _topk((spans[w].unsqueeze(-1) + inner.unsqueeze(-2)).flatten(2), k)
+        tops.append(best[:, :1])
+    top = torch.cat(tops, 1)  # [B, N, k]
+    return top.gather(1, last.view(-1, 1, 1).expand(batch, 1, k)).squeeze(1)
