@@ -48,6 +48,7 @@ class TreeCRF(StructuredDistribution):
     require grad (a loss on the marginals back-propagates by autograd's double backward),
     and otherwise (inference) come from an outside pass written by hand
     (:func:`~structattn.structs.constituency.cky_marginals`).
+    ``topk(k)`` gives the exact k best trees (k-best CKY, O(B N^3 k^2 log k)).
 
     Example:
         >>> crf = TreeCRF(torch.randn(2, 5, 5), lengths=torch.tensor([5, 3]))
