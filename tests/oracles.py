@@ -105,3 +105,100 @@ def count_projective(n_words: int, multiroot: bool) -> int:
 def count_nonprojective(n_words: int, multiroot: bool) -> int:
     """Cayley: (n+1)^(n-1) rooted at ROOT with any number of children; n^(n-1) single root."""
     return (n_words + 1) ** (n_words - 1) if multiroot else n_words ** (n_words - 1)
+
+
+# ---- span structures ----------------------------------------------------------------------
+Spans = frozenset[tuple[int, int]]
+
+
+def bracketings(start: int, end: int) -> list[Spans]:
+    """All binary bracketings of the words start..end (inclusive) as sets of spans (i, j):
+    every word, the whole span and the constituents in between (2n - 1 spans each)."""
+    if start == end:
+        return [frozenset({(start, end)})]
+    out = []
+    for k in range(start, end):
+        for left in bracketings(start, k):
+            for right in bracketings(k + 1, end):
+                out.append(left | right | {(start, end)})
+    return out
+
+
+def labelled_bracketings(n: int, labels: int) -> Iterator[tuple[tuple[int, int, int], ...]]:
+    """All labelled binary bracketings of n words: tuples of (i, j, label), one per span."""
+    for tree in bracketings(0, n - 1):
+        spans = sorted(tree)
+        for choice in itertools.product(range(labels), repeat=len(spans)):
+            yield tuple((i, j, lab) for (i, j), lab in zip(spans, choice, strict=True))
+
+
+def segmentations(n: int, width: int, labels: int) -> Iterator[tuple[tuple[int, int, int], ...]]:
+    """All segmentations of 0..n-1 into labelled segments of length <= width, as tuples of
+    (start, length - 1, label)."""
+    if n == 0:
+        yield ()
+        return
+    for length in range(1, min(width, n) + 1):  # the last segment
+        for head in segmentations(n - length, width, labels):
+            for label in range(labels):
+                yield (*head, (n - length, length - 1, label))
+
+
+def segmentation_score(
+    segments: Tensor, transitions: Tensor, z: tuple[tuple[int, int, int], ...]
+) -> Tensor:
+    """segments [N, K, C], transitions [C, C]: score of the segmentation z."""
+    s = sum(segments[i, k, c] for i, k, c in z)
+    s = s + sum(transitions[a[2], b[2]] for a, b in itertools.pairwise(z))
+    return torch.as_tensor(s, dtype=segments.dtype)
+
+
+def split_trees(start: int, end: int) -> list[tuple[tuple[int, int, int], ...]]:
+    """All split trees (PRPN notes, eq. 8) of the positions start..end (inclusive): tuples
+    of nodes (a, b, pivot), one per position; Catalan(n) of them."""
+    if start > end:
+        return [()]
+    out = []
+    for pivot in range(start, end + 1):
+        for left in split_trees(start, pivot - 1):
+            for right in split_trees(pivot + 1, end):
+                out.append(((start, end, pivot), *left, *right))
+    return out
+
+
+def split_tree_log_prob(scores: Tensor, nodes: tuple[tuple[int, int, int], ...]) -> Tensor:
+    """log p of a split tree: each node's pivot by the softmax of the scores of its span."""
+    terms = [scores[p] - scores[a : b + 1].logsumexp(0) for a, b, p in nodes]
+    return torch.stack(terms).sum()
+
+
+def plackett_luce_tree_probs(scores: Tensor) -> dict[frozenset[tuple[int, int]], Tensor]:
+    """Eq. 9: p(tree) when a ranking of the positions is drawn from the Plackett-Luce model
+    (sampling without replacement, proportionally to exp(scores)) and every span is split at
+    its top-ranked position; trees as sets of node spans (a, b)."""
+    n = scores.shape[0]
+    out: dict[frozenset[tuple[int, int]], Tensor] = {}
+    for ranking in itertools.permutations(range(n)):
+        rest = list(ranking)
+        log_p = scores.new_zeros(())
+        for pos in ranking:  # draw the ranking, best first
+            log_p = log_p + scores[pos] - scores[rest].logsumexp(0)
+            rest.remove(pos)
+        nodes = _split_at_top({pos: r for r, pos in enumerate(ranking)}, 0, n - 1)
+        key = frozenset(nodes)
+        out[key] = out.get(key, scores.new_zeros(())) + log_p.exp()
+    return out
+
+
+def _split_at_top(rank: dict[int, int], a: int, b: int) -> set[tuple[int, int]]:
+    """Node spans of the recursion that splits every span at its top-ranked position."""
+    if a > b:
+        return set()
+    top = min(range(a, b + 1), key=rank.__getitem__)
+    return {(a, b)} | _split_at_top(rank, a, top - 1) | _split_at_top(rank, top + 1, b)
+
+
+def catalan(n: int) -> int:
+    from math import comb
+
+    return comb(2 * n, n) // (n + 1)

@@ -2,16 +2,22 @@
 structured loss and the tree helpers a parser needs."""
 
 from .base import StructuredDistribution
+from .constituency import TreeCRF
 from .dependency import DependencyCRF, is_projective, projectivize
 from .linear_chain import LinearChainCRF
 from .loss import structured_nll
 from .nonprojective import NonProjectiveDependencyCRF
+from .semi_markov import SemiMarkovCRF
+from .split_tree import SplitTreeDistribution
 
 __all__ = [
     "DependencyCRF",
     "LinearChainCRF",
     "NonProjectiveDependencyCRF",
+    "SemiMarkovCRF",
+    "SplitTreeDistribution",
     "StructuredDistribution",
+    "TreeCRF",
     "is_projective",
     "projectivize",
     "structured_nll",
