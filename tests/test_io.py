@@ -100,9 +100,10 @@ def test_error_names_the_set_every_place_and_the_fix(
     assert "$STRUCTATTN_DATA" in message and "user cache" in message
     assert "pass --data-dir pointing at the folder with a.txt" in message
     assert f"{DATA_ENV}=<root>" in message and f"<root>/{NAME}/en" in message
-    assert "unset now" not in message
+    assert f"put the data set in {places['cache'] / NAME / 'en'}." in message
+    assert "now unset" not in message
     monkeypatch.delenv(DATA_ENV)
-    with pytest.raises(FileNotFoundError, match="unset now"):
+    with pytest.raises(FileNotFoundError, match=r"\(now unset\)"):
         data_dir(NAME, what="x")
     with pytest.raises(FileNotFoundError, match="--data-dir .*mine is not a folder"):
         data_dir(NAME, what="x", explicit=places["explicit"])

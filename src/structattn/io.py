@@ -142,12 +142,13 @@ def data_dir(
             return candidate.resolve()
     inside = "/".join(parts)
     tried = "\n".join(f"  {root.path.joinpath(*parts)}  ({root.source})" for root in roots)
-    unset = "" if os.environ.get(DATA_ENV) else ", unset now"
+    unset = "" if os.environ.get(DATA_ENV) else " (now unset)"
+    cache = [root.path for root in roots if root.source == "user cache"]
+    in_cache = f"; or put the data set in {cache[0].joinpath(*parts)}" if cache else ""
     raise FileNotFoundError(
         f"{what} not found. Tried, in order:\n{tried}\n"
-        f"To fix: pass --data-dir{hint}; or set {DATA_ENV}=<root> with the data set in "
-        f"<root>/{inside} (a root laid out like ../shared/data{unset}); or put the data "
-        f"set in {user_data_cache().joinpath(*parts)}."
+        f"To fix: pass --data-dir{hint}; or set {DATA_ENV}=<root>{unset}, a folder laid out "
+        f"like ../shared/data with the data set in <root>/{inside}{in_cache}."
     )
 
 
