@@ -156,6 +156,8 @@ def test_task_files_and_default_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         task_files(tmp_path, 21)
     with pytest.raises(FileNotFoundError, match="--data-dir"):
         task_files(tmp_path / "missing", 1)
+    monkeypatch.delenv("STRUCTATTN_DATA", raising=False)  # only ../shared/data here
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     if REAL.is_dir():  # found relative to the repository
         assert default_data_dir() == REAL.resolve()

@@ -314,6 +314,30 @@ def test_tree_log_prob_rejects_invalid() -> None:
     assert torch.isneginf(dist.log_prob(non_projective)).all()
 
 
+def test_public_protocol_num_tokens_and_impossible_reason() -> None:
+    chain = LinearChainCRF(torch.randn(2, 4, 3), torch.randn(2, 3, 3, 3))
+    assert chain.num_tokens.tolist() == [4, 4]
+    chain = LinearChainCRF(torch.randn(2, 4, 3), lengths=torch.tensor([4, 2]))
+    assert chain.num_tokens.tolist() == [4, 2]
+    arcs, lengths = torch.randn(3, 5, 5), torch.tensor([5, 3, 2])
+    for cls in (DependencyCRF, NonProjectiveDependencyCRF):
+        assert cls(arcs, lengths).num_tokens.tolist() == [4, 2, 1]  # words: no ROOT
+    heads = torch.tensor(
+        [[-1, 3, 0, 0, 1], [-1, 2, 1, -1, -1], [-1, -1, -1, -1, -1]]  # crossing, cycle, none
+    )
+    projective = DependencyCRF(arcs, lengths)
+    assert "non-projective" in projective.impossible_reason(heads, 0)
+    assert projective.impossible_reason(heads, 1) == "not a tree (a cycle or a self-loop)"
+    assert projective.impossible_reason(heads, 2) == "heads of -1 at every word (no tree)"
+    two_roots = torch.tensor([[-1, 0, 0, 2, 2]])
+    single = NonProjectiveDependencyCRF(arcs[:1], multiroot=False)
+    assert single.impossible_reason(two_roots, 0).startswith("2 children of ROOT")
+    banned = torch.zeros(1, 3, 3)
+    banned[0, 0, 1] = float("-inf")
+    chain = LinearChainCRF(banned)  # label 1 at position 0 is forbidden
+    assert "-inf" in chain.impossible_reason(torch.tensor([[1, 0, 0]]), 0)
+
+
 # ---- gradients ----------------------------------------------------------------------------
 def test_gradcheck_and_gradgradcheck(case: Case) -> None:
     params, lengths = _batch(case, n=4)

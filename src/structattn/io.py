@@ -1,4 +1,19 @@
-"""Text files for the data loaders and recipes: atomic writes and UTF-8 reads with line numbers."""
+"""Text files for the data loaders and recipes: atomic writes, UTF-8 reads with line numbers,
+and where the data sets are (:func:`data_dir`).
+
+The data-directory rule, the same for every recipe and loader (the first that applies wins):
+
+1. an explicit folder (a recipe's ``--data-dir``; ``data_dir(..., explicit=...)``);
+2. ``$STRUCTATTN_DATA/<data set folder>``: a root laid out like ``../shared/data``
+   (``<root>/babi/en``, ``<root>/ptb``, ``<root>/glove``, ...);
+3. ``~/.cache/structattn/data/<data set folder>`` (``$XDG_CACHE_HOME/structattn/data``
+   when ``XDG_CACHE_HOME`` is set);
+4. ``../shared/data/<data set folder>`` next to the working directory, then next to the
+   checkout (this project's own machines).
+
+Steps 2-4 are tried per data set: a root that lacks one data set does not hide another
+root that has it. :func:`data_roots` lists the roots of steps 2-4 in order.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +21,21 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["atomic_write_text", "read_sentences", "read_utf8", "shared_data_dir"]
+__all__ = [
+    "DATA_ENV",
+    "DataRoot",
+    "atomic_write_text",
+    "data_dir",
+    "data_roots",
+    "read_sentences",
+    "read_utf8",
+    "shared_data_dir",
+    "user_data_cache",
+]
+
+DATA_ENV = "STRUCTATTN_DATA"  # environment variable: a root laid out like ../shared/data
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -48,15 +76,83 @@ def read_sentences(source: str | os.PathLike[str]) -> list[list[str]]:
     return sentences
 
 
-def shared_data_dir(*parts: str, what: str, hint: str = "") -> Path:
-    """``../shared/data/<parts...>`` relative to the working directory, else to the repository
-    (the layout of a checkout next to the shared data). Raises ``FileNotFoundError`` naming
-    ``what``, the paths tried and ``--data-dir`` (plus ``hint``) when neither exists."""
-    relative = Path("..", "shared", "data", *parts)
-    repository = Path(__file__).resolve().parents[2]  # src/structattn/io.py -> repo
-    candidates = [Path.cwd() / relative, repository / relative]
-    for candidate in candidates:
+class DataRoot(NamedTuple):
+    """A folder that may hold data sets (laid out like ``../shared/data``) and why it is
+    searched (shown in errors)."""
+
+    path: Path
+    source: str
+
+
+def user_data_cache() -> Path:
+    """``$XDG_CACHE_HOME/structattn/data`` when ``XDG_CACHE_HOME`` is an absolute path (the
+    XDG rule ignores a relative one), else ``~/.cache/structattn/data``. Not created."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
+    return base / "structattn" / "data"
+
+
+def data_roots() -> list[DataRoot]:
+    """The roots searched for a data set, in order (steps 2-4 of the module's rule):
+    ``$STRUCTATTN_DATA`` (when set), the user cache, ``../shared/data`` next to the working
+    directory, then next to the checkout; absolute paths, the same folder listed once."""
+    roots: list[DataRoot] = []
+    variable = os.environ.get(DATA_ENV, "")
+    if variable:
+        roots.append(DataRoot(Path(variable).expanduser(), f"${DATA_ENV}"))
+    try:
+        roots.append(DataRoot(user_data_cache(), "user cache"))
+    except RuntimeError:  # no home directory to be found: skip the cache
+        pass
+    shared = Path("..", "shared", "data")
+    repository = Path(__file__).resolve().parents[2]  # src/structattn/io.py -> checkout
+    roots.append(DataRoot(Path.cwd() / shared, "../shared/data next to the working directory"))
+    roots.append(DataRoot(repository / shared, "../shared/data next to the checkout"))
+    unique: list[DataRoot] = []
+    for root in roots:
+        resolved = DataRoot(root.path.resolve(), root.source)
+        if all(resolved.path != kept.path for kept in unique):
+            unique.append(resolved)
+    return unique
+
+
+def data_dir(
+    *parts: str,
+    what: str,
+    hint: str = "",
+    explicit: str | os.PathLike[str] | None = None,
+) -> Path:
+    """The folder of a data set: ``explicit`` when given (a recipe's ``--data-dir``), else
+    ``<root>/<parts...>`` for the first of :func:`data_roots` that has it (resolved).
+
+    ``parts`` is the data set's folder inside a root (``"babi", "en"``); ``what`` names the
+    data set in errors; ``hint`` is appended to the ``--data-dir`` advice (e.g. which files
+    the folder holds). Raises ``FileNotFoundError`` naming the data set, every place tried
+    in order and how to fix it (``--data-dir``, ``STRUCTATTN_DATA``, the user cache).
+    """
+    if explicit is not None and str(explicit):
+        folder = Path(explicit)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{what} not found: --data-dir {folder} is not a folder")
+        return folder
+    roots = data_roots()
+    for root in roots:
+        candidate = root.path.joinpath(*parts)
         if candidate.is_dir():
             return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"{what} not found (tried {tried}); pass --data-dir{hint}")
+    inside = "/".join(parts)
+    tried = "\n".join(f"  {root.path.joinpath(*parts)}  ({root.source})" for root in roots)
+    unset = "" if os.environ.get(DATA_ENV) else " (now unset)"
+    cache = [root.path for root in roots if root.source == "user cache"]
+    in_cache = f"; or put the data set in {cache[0].joinpath(*parts)}" if cache else ""
+    raise FileNotFoundError(
+        f"{what} not found. Tried, in order:\n{tried}\n"
+        f"To fix: pass --data-dir{hint}; or set {DATA_ENV}=<root>{unset}, a folder laid out "
+        f"like ../shared/data with the data set in <root>/{inside}{in_cache}."
+    )
+
+
+def shared_data_dir(*parts: str, what: str, hint: str = "") -> Path:
+    """The folder of a data set by the data-directory rule without an explicit folder:
+    the same as :func:`data_dir` (the name the loaders have always called)."""
+    return data_dir(*parts, what=what, hint=hint)

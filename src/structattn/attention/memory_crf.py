@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
@@ -15,16 +15,20 @@ __all__ = [
     "EDGE_UNARIES",
     "LINEAR_QUERY_MODES",
     "QUERY_MODES",
+    "EdgeUnary",
     "MemoryCRFAttention",
     "MemoryCRFOutput",
+    "QueryMode",
 ]
 
 #: how q_{k+1} follows from q_k (MemoryCRFAttention's ``query_mode``)
-QUERY_MODES = ("linear", "memory", "hop", "both")
+QueryMode = Literal["linear", "memory", "hop", "both"]
+QUERY_MODES: tuple[QueryMode, ...] = get_args(QueryMode)
 #: the query modes with the learned map Q (``query_update``)
-LINEAR_QUERY_MODES = ("linear", "both")
+LINEAR_QUERY_MODES: tuple[QueryMode, ...] = ("linear", "both")
 #: how often the binary model counts theta_k (MemoryCRFAttention's ``edge_unary``)
-EDGE_UNARIES = ("once", "per-edge")
+EdgeUnary = Literal["once", "per-edge"]
+EDGE_UNARIES: tuple[EdgeUnary, ...] = get_args(EdgeUnary)
 
 
 class MemoryCRFOutput(NamedTuple):
@@ -96,8 +100,8 @@ class MemoryCRFAttention(nn.Module):
         binary: bool = True,
         no_repeat: bool | None = None,
         normalize_potentials: bool = False,
-        query_mode: Literal["linear", "memory", "hop", "both"] = "linear",
-        edge_unary: Literal["once", "per-edge"] = "once",
+        query_mode: QueryMode = "linear",
+        edge_unary: EdgeUnary = "once",
     ) -> None:
         super().__init__()
         if steps < 1:

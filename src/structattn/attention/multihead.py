@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import prefix_lengths, split_attention_mask
+from ..names import Structure
 from .normalizers import (
     NORMALIZERS,
     mean_field_weights,
@@ -97,7 +98,7 @@ class StructuredMultiheadAttention(nn.Module):
         batch_first: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        normalizer: str | Sequence[str] = "softmax",
+        normalizer: Structure | Sequence[Structure] = "softmax",
         mean_field_iterations: int = 3,
     ) -> None:
         super().__init__()
@@ -171,7 +172,10 @@ class StructuredMultiheadAttention(nn.Module):
 
     @classmethod
     def from_torch(
-        cls, mha: nn.MultiheadAttention, normalizer: str | Sequence[str] = "softmax", **kwargs
+        cls,
+        mha: nn.MultiheadAttention,
+        normalizer: Structure | Sequence[Structure] = "softmax",
+        **kwargs,
     ) -> StructuredMultiheadAttention:
         """Build from an existing ``nn.MultiheadAttention``, copying its weights (structured
         parameters start at their initial values)."""

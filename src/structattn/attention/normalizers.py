@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..distributions import DependencyCRF, LinearChainCRF
 from ..distributions.base import StructuredDistribution
+from ..names import Structure, TreeStructure
 from ..structs.dependency import eisner_marginals
 from ..structs.mean_field import mean_field_marginals
 from ._common import masked_softmax
@@ -84,7 +85,7 @@ def segmentation_weights(scores: Tensor, lengths: Tensor, transitions: Tensor) -
 
 
 def tree_distribution(
-    arc_scores: Tensor, lengths: Tensor, kind: str, multiroot: bool = True
+    arc_scores: Tensor, lengths: Tensor, kind: TreeStructure, multiroot: bool = True
 ) -> StructuredDistribution:
     """The dependency CRF of arc scores [B, N', N'] (``[h, m]``: h heads m, ROOT at 0) and
     lengths [B] (ROOT included): ``kind`` "projective" (Eisner) or "non-projective"
@@ -99,7 +100,7 @@ def tree_distribution(
 
 
 def tree_marginals(
-    arc_scores: Tensor, lengths: Tensor, kind: str, multiroot: bool = True
+    arc_scores: Tensor, lengths: Tensor, kind: TreeStructure, multiroot: bool = True
 ) -> Tensor:
     """Arc marginals p(h -> m) [*, N', N'] of arc scores [*, N', N'] (ROOT at 0) with
     lengths [*] (ROOT included); see :func:`tree_distribution`."""
@@ -110,7 +111,7 @@ def tree_marginals(
 
 
 def self_attention_tree_weights(
-    scores: Tensor, root_scores: Tensor, lengths: Tensor, kind: str
+    scores: Tensor, root_scores: Tensor, lengths: Tensor, kind: TreeStructure
 ) -> tuple[Tensor, Tensor]:
     """Tree self-attention: scores [*, L, L] (``[m, h]``: query m, key h), ROOT scores [*, L]
     and lengths [*] (words) -> (weights [*, L, L] with weights[m, h] = p(h -> m), ROOT share
@@ -156,14 +157,14 @@ def mean_field_weights(scores: Tensor, coupling: Tensor, mask: Tensor, iteration
 class Normalizer:
     """A registered normaliser."""
 
-    name: str
+    name: Structure  # one of structattn.names.STRUCTURES
     weights: Callable[..., Tensor] | Callable[..., tuple[Tensor, Tensor]]  # the function
     ordered: bool  # a structure over positions in order: padding must come at the end
     joint: bool  # one structure over all queries (self-attention; no per-query mask)
     parameters: tuple[str, ...]  # what StructuredMultiheadAttention learns for its heads
 
 
-def _tree(kind: str) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+def _tree(kind: TreeStructure) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
     def weights(scores: Tensor, root_scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         return self_attention_tree_weights(scores, root_scores, lengths, kind)
 
@@ -171,8 +172,8 @@ def _tree(kind: str) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]
     return weights
 
 
-#: name -> :class:`Normalizer`
-NORMALIZERS: dict[str, Normalizer] = {
+#: name -> :class:`Normalizer`, one for each of :data:`structattn.names.STRUCTURES` (in order)
+NORMALIZERS: dict[Structure, Normalizer] = {
     n.name: n
     for n in (
         Normalizer("softmax", softmax_weights, ordered=False, joint=False, parameters=()),

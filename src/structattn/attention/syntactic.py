@@ -10,12 +10,13 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions.base import StructuredDistribution
+from ..names import ARC_STRUCTURES, ArcStructure
 from ._common import check_memory, masked_softmax
 from .normalizers import tree_distribution
 
 __all__ = ["BiLSTMArcScorer", "SyntacticAttention", "SyntacticAttentionOutput"]
 
-STRUCTURES = ("projective", "non-projective", "softmax")
+STRUCTURES = ARC_STRUCTURES  # the values of ``structure``
 
 
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
@@ -127,7 +128,7 @@ class SyntacticAttention(nn.Module):
         self,
         input_dim: int,
         hidden_dim: int = 50,
-        structure: str = "projective",
+        structure: ArcStructure = "projective",
         prepend_root: bool = True,
         children: bool = False,
         multiroot: bool = True,
@@ -136,7 +137,7 @@ class SyntacticAttention(nn.Module):
         super().__init__()
         if structure not in STRUCTURES:
             raise ValueError(f"`structure` must be one of {STRUCTURES}, got {structure!r}")
-        self.structure = structure
+        self.structure: ArcStructure = structure
         self.prepend_root = prepend_root
         self.return_children = children
         self.multiroot = multiroot
@@ -161,6 +162,10 @@ class SyntacticAttention(nn.Module):
         return x, lengths
 
     def distribution(self, arc_scores: Tensor, lengths: Tensor) -> StructuredDistribution:
+        """The tree CRF over ``arc_scores`` [B, N', N'] with ``lengths`` [B] (ROOT included);
+        ``ValueError`` for ``structure="softmax"``, which has none."""
+        if self.structure == "softmax":
+            raise ValueError("`distribution` needs a tree structure, got structure='softmax'")
         return tree_distribution(arc_scores, lengths, self.structure, self.multiroot)
 
     def _marginals(self, arc_scores: Tensor, lengths: Tensor) -> Tensor:

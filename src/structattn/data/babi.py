@@ -305,9 +305,10 @@ def read_babi(
 
 
 def default_data_dir() -> Path:
-    """``../shared/data/babi/en`` relative to the working directory, else to the repository.
+    """``<root>/babi/en`` for the first data root that has it (:func:`structattn.io.data_dir`:
+    ``$STRUCTATTN_DATA``, the user cache, ``../shared/data``).
 
-    Raises ``FileNotFoundError`` (telling the user to pass ``--data-dir``) when neither exists.
+    Raises ``FileNotFoundError`` (telling the user to pass ``--data-dir``) when none has.
     """
     return shared_data_dir(
         "babi",

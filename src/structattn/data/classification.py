@@ -334,8 +334,8 @@ def split_holdout(
 
 
 def default_classification_data_dir(name: Literal["sick", "snli_devtest", "sst"]) -> Path:
-    """``../shared/data/<name>`` relative to the working directory, else to the repository;
-    ``FileNotFoundError`` (pass ``--data-dir``) when neither exists."""
+    """``<root>/<name>`` for the first data root that has it (:func:`structattn.io.data_dir`:
+    ``$STRUCTATTN_DATA``, the user cache, ``../shared/data``); ``FileNotFoundError`` else."""
     return shared_data_dir(name, what=f"data set {name!r}")
 
 

@@ -407,8 +407,8 @@ def write_conllu(
 
 
 def default_ud_data_dir() -> Path:
-    """``../shared/data/ud_english_ewt`` relative to the working directory, else to the
-    repository; ``FileNotFoundError`` (pass ``--data-dir``) when neither exists."""
+    """``<root>/ud_english_ewt`` for the first data root that has it
+    (:func:`structattn.io.data_dir`); ``FileNotFoundError`` (pass ``--data-dir``) else."""
     return shared_data_dir(
         "ud_english_ewt",
         what="UD English-EWT",

@@ -13,7 +13,7 @@
 * :func:`word_bucket` is the hash: BLAKE2b of the UTF-8 word, so it does not change across
   processes (Python's ``hash()`` of a string is salted per process).
 
-The default file is ``../shared/data/glove/glove.6B.50d.10k.txt`` (:func:`default_glove_path`).
+The default file is ``<data root>/glove/glove.6B.50d.10k.txt`` (:func:`default_glove_path`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ DEFAULT_GLOVE_FILE = "glove.6B.50d.10k.txt"
 
 
 def default_glove_path() -> Path:
-    """``../shared/data/glove/glove.6B.50d.10k.txt`` relative to the working directory, else
-    to the repository; ``FileNotFoundError`` when neither exists."""
+    """``<root>/glove/glove.6B.50d.10k.txt`` for the first data root with a ``glove`` folder
+    (:func:`structattn.io.data_dir`); ``FileNotFoundError`` when none has one."""
     folder = shared_data_dir("glove", what="GloVe vectors", hint=" or --embeddings PATH")
     return folder / DEFAULT_GLOVE_FILE
 

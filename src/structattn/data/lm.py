@@ -115,9 +115,9 @@ def read_lm_lines(path: str | os.PathLike[str]) -> list[list[str]]:
 
 
 def default_lm_data_dir(name: str) -> Path:
-    """``../shared/data/<name>`` (``ptb``, ``wikitext-2``) relative to the working directory,
-    else to the repository. Raises ``FileNotFoundError`` (pass ``--data-dir``) when neither
-    exists."""
+    """``<root>/<name>`` (``ptb``, ``wikitext-2``) for the first data root that has it
+    (:func:`structattn.io.data_dir`). Raises ``FileNotFoundError`` (pass ``--data-dir``) when
+    none has."""
     return shared_data_dir(
         name,
         what=f"language-modelling corpus {name!r}",

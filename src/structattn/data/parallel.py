@@ -179,5 +179,5 @@ class TranslationVocabulary(TokenVocabulary):
 
 
 def default_enja_data_dir() -> Path:
-    """``../shared/data/small_parallel_enja`` (see :func:`._files.shared_data_dir`)."""
+    """``<root>/small_parallel_enja`` (see :func:`structattn.io.data_dir`)."""
     return shared_data_dir("small_parallel_enja", what="small_parallel_enja")

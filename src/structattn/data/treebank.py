@@ -80,7 +80,8 @@ def normalise_word(word: str) -> str:
 
 
 def default_treebank_dir() -> Path:
-    """``../shared/data/nltk_treebank_sample/treebank/combined``."""
+    """``<root>/nltk_treebank_sample/treebank/combined`` for the first data root that has it
+    (:func:`structattn.io.data_dir`)."""
     return shared_data_dir(
         "nltk_treebank_sample", "treebank", "combined", what="the NLTK WSJ treebank sample"
     )

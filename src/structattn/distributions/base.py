@@ -11,6 +11,10 @@ with a semiring. Everything else follows generically:
 * ``sample(n)``     -- the gradient of the sampling semiring's inside pass,
 * ``entropy``       -- ``log Z - sum(marginals * parts)``.
 
+Every distribution also answers ``num_tokens`` (scored positions per item, [B]) and
+``impossible_reason(value, item)`` (why a structure has probability 0, in words), which
+:func:`structured_nll` uses for ``reduction="token"`` and its errors.
+
 Items with no valid structure (every structure has a ``-inf`` part) get
 ``log_partition = -inf``, zero marginals with finite (zero) gradients, ``entropy = 0``,
 ``max_score = -inf`` and ``-1`` everywhere in ``argmax`` and samples.
@@ -84,12 +88,18 @@ class StructuredDistribution:
         """Score of given structures, [B]; ``-inf`` where a structure is invalid."""
         raise NotImplementedError
 
-    def _num_tokens(self) -> Tensor:
-        """Number of scored positions per item (words of a tree, positions of a chain), [B]."""
+    # ---- public protocol that every distribution fills (used by structured_nll) -----------
+    @property
+    def num_tokens(self) -> Tensor:
+        """Number of scored positions per item (words of a tree, positions of a chain),
+        LongTensor [B]: the denominator of ``structured_nll(..., reduction="token")``."""
         raise NotImplementedError
 
-    def _impossible_reason(self, value: Tensor, item: int) -> str:
-        """Why ``value[item]`` has probability 0 (its ``log_prob`` is ``-inf``), for errors."""
+    def impossible_reason(self, value: Tensor, item: int) -> str:
+        """Why ``value[item]`` (a structure in the encoding of ``argmax``) has probability 0,
+        i.e. ``log_prob(value)[item] == -inf``, in words for an error message. Subclasses
+        name their own reasons (not a tree, crossing arcs, ...) and end with this one's: no
+        structure at all (log Z = -inf), else a part scored ``-inf``."""
         if bool(torch.isneginf(self.log_partition[item])):
             return "no structure of this item has a finite score (log Z = -inf)"
         return "it uses a part whose score is -inf (a forbidden part)"

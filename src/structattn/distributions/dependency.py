@@ -273,10 +273,14 @@ class TreeCRFBase(StructuredDistribution):
         :func:`structured_nll` turns that into an error."""
         return super().log_prob(heads)
 
-    def _num_tokens(self) -> Tensor:
-        return self._lengths_full - 1  # words: ROOT has no head
+    @property
+    def num_tokens(self) -> Tensor:
+        """Words per item (positions without ROOT, which has no head), LongTensor [B]."""
+        return self._lengths_full - 1
 
-    def _impossible_reason(self, value: Tensor, item: int) -> str:
+    def impossible_reason(self, value: Tensor, item: int) -> str:
+        """Why heads ``value[item]`` have probability 0: no tree (``-1`` at every word), not a
+        tree, several children of ROOT under ``multiroot=False``, else the base reasons."""
         heads = value[item : item + 1].to(device=self.arc_scores.device, dtype=torch.long)
         length = self._lengths_full[item : item + 1]
         if bool((heads[0, 1 : int(length[0])] == -1).all()):
@@ -286,7 +290,7 @@ class TreeCRFBase(StructuredDistribution):
         if not self.multiroot and not bool(is_tree(heads, length, multiroot=False)[0]):
             roots = int((heads[0, 1 : int(length[0])] == 0).sum())
             return f"{roots} children of ROOT (multiroot=False allows exactly one)"
-        return super()._impossible_reason(value, item)
+        return super().impossible_reason(value, item)
 
 
 class DependencyCRF(TreeCRFBase):
@@ -332,7 +336,8 @@ class DependencyCRF(TreeCRFBase):
         score, heads = best
         return self._invalidate(heads, score)
 
-    def _impossible_reason(self, value: Tensor, item: int) -> str:
+    def impossible_reason(self, value: Tensor, item: int) -> str:
+        """As :class:`TreeCRFBase`'s, and a valid tree with crossing arcs (non-projective)."""
         heads = value[item : item + 1].to(device=self.arc_scores.device, dtype=torch.long)
         length = self._lengths_full[item : item + 1]
         if bool(is_tree(heads, length, self.multiroot)[0]) and not bool(
@@ -342,4 +347,4 @@ class DependencyCRF(TreeCRFBase):
                 "a non-projective tree (DependencyCRF covers projective trees only: "
                 "projectivize(heads) lifts crossing arcs, or use NonProjectiveDependencyCRF)"
             )
-        return super()._impossible_reason(value, item)
+        return super().impossible_reason(value, item)

@@ -109,7 +109,9 @@ class LinearChainCRF(StructuredDistribution):
             return chain_log_partition(unary, pairwise, lengths)
         return chain_inside(unary, pairwise, lengths, semiring)
 
-    def _num_tokens(self) -> Tensor:
+    @property
+    def num_tokens(self) -> Tensor:
+        """Positions per item, LongTensor [B] (``lengths``, or N for every item)."""
         if self.lengths is None:
             batch, n, _ = self.unary.shape
             return torch.full((batch,), n, dtype=torch.long, device=self.unary.device)

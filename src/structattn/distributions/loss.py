@@ -100,7 +100,7 @@ def structured_nll(
     elif reduction == "mean":
         loss = nll.sum() / keep.sum().clamp_min(1)
     else:
-        tokens = (dist._num_tokens().to(nll.device) * keep).sum()
+        tokens = (dist.num_tokens.to(nll.device) * keep).sum()
         loss = nll.sum() / tokens.clamp_min(1)
     if return_ignored:
         return loss, bad.sum()
@@ -109,7 +109,7 @@ def structured_nll(
 
 def _impossible_message(dist: StructuredDistribution, gold: Tensor, bad: Tensor) -> str:
     items = bad.nonzero().flatten().tolist()
-    reasons = "; ".join(f"item {item}: {dist._impossible_reason(gold, item)}" for item in items[:5])
+    reasons = "; ".join(f"item {item}: {dist.impossible_reason(gold, item)}" for item in items[:5])
     more = f"; ... ({len(items) - 5} more)" if len(items) > 5 else ""
     return (
         f"structured_nll: the gold structure of {len(items)} of {bad.numel()} items has "

@@ -4,29 +4,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
 from ..attention import MemoryCRFAttention, masked_softmax
+from ..attention.memory_crf import EdgeUnary, QueryMode
 from ..distributions import LinearChainCRF
 
 __all__ = [
     "CRF_LINEAR_STARTS",
     "MEMORY_MODELS",
     "TYINGS",
+    "CrfLinearStart",
+    "MemoryModel",
     "MemoryQA",
     "MemoryQAOutput",
+    "TemporalInit",
+    "Tying",
     "position_encoding",
 ]
 
-MEMORY_MODELS = ("memn2n", "unary-crf", "binary-crf")
+#: the models: MemN2N (softmax over the facts at each hop) and SAN's K-step fact CRFs
+MemoryModel = Literal["memn2n", "unary-crf", "binary-crf"]
+MEMORY_MODELS: tuple[MemoryModel, ...] = get_args(MemoryModel)
 #: what linear start does to the CRF models (MemoryQA's ``crf_linear_start``)
-CRF_LINEAR_STARTS = ("log-softmax", "unary", "scores")
+CrfLinearStart = Literal["log-softmax", "unary", "scores"]
+CRF_LINEAR_STARTS: tuple[CrfLinearStart, ...] = get_args(CrfLinearStart)
 #: how the embedding tables are shared (MemoryQA's ``tying``)
-TYINGS = ("adjacent", "separate")
-TEMPORAL_INITS = ("normal", "zero")  # the temporal vectors: N(0, init_std) or zero
+Tying = Literal["adjacent", "separate"]
+TYINGS: tuple[Tying, ...] = get_args(Tying)
+TemporalInit = Literal["normal", "zero"]  # the temporal vectors: N(0, init_std) or zero
+TEMPORAL_INITS: tuple[TemporalInit, ...] = get_args(TemporalInit)
 
 
 def position_encoding(lengths: Tensor, size: int, dim: int) -> Tensor:
@@ -114,16 +124,16 @@ class MemoryQA(nn.Module):
         embed_dim: int = 20,
         hops: int = 3,
         memory_size: int = 25,
-        model: str = "memn2n",
+        model: MemoryModel = "memn2n",
         init_std: float = 0.1,
         random_noise: float = 0.0,
         pe_width: tuple[int, int] | None = None,
-        crf_linear_start: str = "log-softmax",
-        crf_query: str = "linear",
-        crf_edge_unary: str = "once",
-        tying: str = "adjacent",
+        crf_linear_start: CrfLinearStart = "log-softmax",
+        crf_query: QueryMode = "linear",
+        crf_edge_unary: EdgeUnary = "once",
+        tying: Tying = "adjacent",
         temporal_encoding: bool = True,
-        temporal_init: str = "normal",
+        temporal_init: TemporalInit = "normal",
     ) -> None:
         super().__init__()
         if model not in MEMORY_MODELS:
@@ -178,8 +188,8 @@ class MemoryQA(nn.Module):
                 embed_dim,
                 hops,
                 binary=model == "binary-crf",
-                query_mode=crf_query,  # type: ignore[arg-type]
-                edge_unary=crf_edge_unary,  # type: ignore[arg-type]
+                query_mode=crf_query,
+                edge_unary=crf_edge_unary,
             )
         )
         tables = [self._embedding(k) for k in range(keys)]

@@ -18,16 +18,19 @@ aggregate, logits = V h([sum_i v1_i; sum_j v2_j]) + b. f, g, h: 2-layer ReLU MLP
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
 
 from ..attention import SyntacticAttention, masked_softmax
+from ..names import VARIANT_STRUCTURES, AttentionVariant
 
-__all__ = ["INTRA_ATTENTION", "DecomposableAttention", "NLIOutput", "mlp"]
+__all__ = ["INTRA_ATTENTION", "DecomposableAttention", "IntraAttention", "NLIOutput", "mlp"]
 
-INTRA_ATTENTION = ("none", "simple", "structured", "hard-parent")
+#: intra-sentence attention: the papers' variants (structattn.names) or a pipeline parse
+IntraAttention = Literal[AttentionVariant, "hard-parent"]
+INTRA_ATTENTION: tuple[IntraAttention, ...] = get_args(IntraAttention)
 
 
 def mlp(input_dim: int, hidden_dim: int, dropout: float, layers: int = 2) -> nn.Sequential:
@@ -74,7 +77,7 @@ class DecomposableAttention(nn.Module):
         embeddings: Tensor,
         hidden_dim: int = 300,
         classes: int = 3,
-        intra: str = "none",
+        intra: IntraAttention = "none",
         parser_dim: int = 50,
         dropout: float = 0.2,
         children: bool = False,
@@ -91,8 +94,8 @@ class DecomposableAttention(nn.Module):
         self.syntactic: SyntacticAttention | None = None
         self.root: nn.Parameter | None = None
         width = hidden_dim
-        if intra in ("simple", "structured"):
-            structure = "softmax" if intra == "simple" else "projective"
+        structure = None if intra == "hard-parent" else VARIANT_STRUCTURES[intra]
+        if structure is not None:  # simple, structured
             self.syntactic = SyntacticAttention(
                 hidden_dim,
                 parser_dim,

@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..names import GateKind
 from ..nn.prpn import ParsingNetwork
 from ..structs.stick_breaking import bradley_terry_gates, expected_gates, stick_breaking_gates
 
 __all__ = ["GATES", "PRPNConfig", "PRPNLanguageModel", "PRPNOutput", "PRPNReader", "PRPNState"]
 
-GateChoice = Literal["stick-breaking", "bradley-terry", "none"]
-GATES: tuple[str, ...] = ("stick-breaking", "bradley-terry", "none")
+GateChoice = Literal[GateKind, "none"]
+GATES: tuple[GateChoice, ...] = get_args(GateChoice)
 """Gate choices: the two attention-limit models of the notes and the ablation (all gates 1)."""
 
 
@@ -221,9 +222,7 @@ class PRPNLanguageModel(nn.Module):
         self.parser: ParsingNetwork | None = None
         self.next_distance: nn.Linear | None = None
         if c.gate != "none":
-            gate: Literal["stick-breaking", "bradley-terry"] = (
-                "bradley-terry" if c.gate == "bradley-terry" else "stick-breaking"
-            )
+            gate: GateKind = "bradley-terry" if c.gate == "bradley-terry" else "stick-breaking"
             self.parser = ParsingNetwork(
                 c.embed_dim, c.hidden_dim, c.lookback, c.input_dropout, gate, c.tau
             )

@@ -42,6 +42,13 @@ from ..attention import (
     SyntacticAttention,
     SyntacticAttentionOutput,
 )
+from ..names import (
+    MEMORY_STRUCTURES,
+    VARIANT_STRUCTURES,
+    ArcStructure,
+    AttentionVariant,
+    MemoryStructure,
+)
 from .decoding import BeamResult, beam_search
 
 __all__ = [
@@ -63,15 +70,11 @@ __all__ = [
 
 #: encoder self-attention: none, softmax ("simple") or projective tree-CRF ("structured")
 #: parents, as the ``structure`` of :class:`SyntacticAttention`
-SELF_ATTENTION: dict[str, str | None] = {
-    "none": None,
-    "simple": "softmax",
-    "structured": "projective",
-}
+SELF_ATTENTION: dict[AttentionVariant, ArcStructure | None] = VARIANT_STRUCTURES
 #: former name of :data:`SELF_ATTENTION` (the ``encoder`` argument of StructuredSeq2Seq)
 ENCODERS = SELF_ATTENTION
 #: decoder attention layers by name (see :func:`make_attention`)
-ATTENTIONS = ("softmax", "sigmoid", "segmentation", "mean-field")
+ATTENTIONS = MEMORY_STRUCTURES
 INIT_DECODER = ("zeros", "final")
 
 
@@ -85,11 +88,11 @@ class Seq2SeqConfig:
     hidden_dim: int = 500  # l: size of the encoder outputs and of the decoder LSTM
     encoder_layers: int = 2  # recurrent encoder layers (0 = embeddings only, SAN A.2)
     bidirectional: bool = False  # biLSTM encoder, hidden_dim / 2 per direction
-    self_attention: str = "none"  # encoder self-attention: none | simple | structured
+    self_attention: AttentionVariant = "none"  # encoder self-attention: none | simple | structured
     parser_hidden: int = 50  # per-direction size of the self-attention's parsing biLSTM
     prepend_root: bool = True  # self-attention ROOT: learned (True) or source position 0 ('$')
     decoder_layers: int = 2  # decoder LSTM layers
-    attention: str = "softmax"  # decoder attention: softmax | sigmoid | segmentation | mean-field
+    attention: MemoryStructure = "softmax"  # decoder's: softmax|sigmoid|segmentation|mean-field
     scorer: str = "bilinear"  # potentials h_i^T W h'_j (softmax, sigmoid, segmentation)
     input_feeding: bool = True  # Luong: the decoder also reads the last attentional vector
     init_decoder: str = "final"  # decoder start: zeros | final (encoder's last h, c per layer)
@@ -151,7 +154,7 @@ class Seq2SeqConfig:
 
 
 def make_attention(
-    name: str, memory_dim: int, query_dim: int, scorer: str = "bilinear"
+    name: MemoryStructure, memory_dim: int, query_dim: int, scorer: str = "bilinear"
 ) -> nn.Module:
     """A decoder attention layer by name: ``"softmax"``, ``"sigmoid"``, ``"segmentation"``
     (SAN's settings: lambda = 2, penalty 0.005 on b) or ``"mean-field"`` (Liu et al., k = 3;
@@ -550,7 +553,7 @@ class StructuredSeq2Seq(Seq2Seq):
         self,
         vocab_size: int,
         dim: int = 50,
-        encoder: str = "structured",
+        encoder: AttentionVariant = "structured",
         parser_hidden: int = 50,
         padding_idx: int = 0,
     ) -> None:

@@ -22,13 +22,14 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._validation import check_mask, check_potentials
+from ..names import GATE_KINDS, GateKind
 from ..structs.stick_breaking import (
     bradley_terry_gates,
     expected_gates,
@@ -38,8 +39,6 @@ from ..structs.stick_breaking import (
 )
 
 __all__ = ["GatedAttentionOutput", "GatedSelfAttention", "ParsingNetwork", "ParsingOutput"]
-
-GateKind = Literal["stick-breaking", "bradley-terry"]
 
 
 def _check_inputs(name: str, x: object, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -107,7 +106,7 @@ class ParsingNetwork(nn.Module):
             raise ValueError(f"`kernel_size` must be a positive int, got {kernel_size!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must lie in [0, 1), got {dropout!r}")
-        if gate not in ("stick-breaking", "bradley-terry"):
+        if gate not in GATE_KINDS:
             raise ValueError(f"`gate` must be 'stick-breaking' or 'bradley-terry', got {gate!r}")
         if not tau > 0:
             raise ValueError(f"`tau` must be > 0, got {tau!r}")

@@ -45,6 +45,7 @@ from ..data.parallel import (
 from ..io import atomic_write_text
 from ..models import Seq2Seq, Seq2SeqConfig
 from ..models.seq2seq import sequence_nll
+from ..names import MemoryStructure
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe
@@ -74,7 +75,11 @@ PAPER_TABLE: dict[str, dict[str, float]] = {
     "char": {"simple": 12.6, "sigmoid": 13.1, "structured": 14.6},
     "word": {"simple": 14.1, "sigmoid": 13.8, "structured": 14.3},
 }
-_LAYER = {"simple": "softmax", "sigmoid": "sigmoid", "structured": "segmentation"}
+_LAYER: dict[str, MemoryStructure] = {
+    "simple": "softmax",
+    "sigmoid": "sigmoid",
+    "structured": "segmentation",
+}
 _NAMES = {"simple": "Simple", "sigmoid": "Sigmoid", "structured": "Structured"}
 
 #: the paper's optimisation (A.3, Luong et al.): SGD 1.0, clip 1, halve from the first epoch

@@ -46,6 +46,7 @@ from ..distributions import (
     projectivize,
     structured_nll,
 )
+from ..names import TreeStructure
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe, markdown_table
@@ -77,7 +78,7 @@ PAPER_TRAIN = TrainConfig(epochs=1, lr=0.01, optimizer="adam", max_grad_norm=5.0
 class ParserConfig:
     """Settings of the parser (defaults: those of the NLI model's parsing layer)."""
 
-    loss: Literal["non-projective", "projective"] = "non-projective"  # the CRF of the loss
+    loss: TreeStructure = "non-projective"  # the CRF of the loss
     decoder: Literal["eisner", "cle"] = "eisner"  # MAP trees: projective or not
     hidden_dim: int = 300  # projected word vectors (the NLI model's hidden_dim)
     parser_dim: int = 50  # BiLSTM (per direction) and MLP size of the arc scorer

@@ -59,7 +59,7 @@ from ..data.treebank import (
 from ..io import read_sentences
 from ..metrics import bracket_f1
 from ..models.language_model import RNNLanguageModel
-from ..models.prpn_lm import PRPNConfig, PRPNLanguageModel
+from ..models.prpn_lm import GateChoice, PRPNConfig, PRPNLanguageModel
 from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
 from ..training import TrainConfig
 from . import runs
@@ -86,7 +86,11 @@ NAMES = {
     "prpn-none": "PRPN without parsing network (gates 1)",
     "lstm": "LSTM (same size)",
 }
-GATE = {"prpn-sb": "stick-breaking", "prpn-bt": "bradley-terry", "prpn-none": "none"}
+GATE: dict[str, GateChoice] = {
+    "prpn-sb": "stick-breaking",
+    "prpn-bt": "bradley-terry",
+    "prpn-none": "none",
+}
 #: Table 1 of the notes (PTB test perplexity); the paper has no Bradley-Terry or ablation row
 PAPER_TABLE1: dict[str, float] = {"prpn-sb": 61.98}
 #: Table 2 of the notes (WSJ10 UF1, full WSJ10) and the full-WSJ sentence F1 of PRPN
@@ -171,7 +175,7 @@ def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
             num_layers=config.layers,
             num_slots=config.num_slots,
             lookback=config.lookback,
-            gate=GATE[config.model],  # type: ignore[arg-type]
+            gate=GATE[config.model],
             tau=config.tau,
             dropout=config.dropout,
             input_dropout=config.input_dropout,

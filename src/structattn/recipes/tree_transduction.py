@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from ..data.tree_transduction import (
     read_splits,
 )
 from ..models import StructuredSeq2Seq
+from ..names import ATTENTION_VARIANTS, AttentionVariant
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe
@@ -55,7 +56,7 @@ PAPER_TABLE: dict[int, tuple[float, float, float]] = {
     5: (2.1, 15.0, 30.8),
     6: (1.5, 8.5, 18.2),
 }
-VARIANTS = ("none", "simple", "structured")
+VARIANTS = ATTENTION_VARIANTS
 SAMPLE_SOURCE = "( * ( + ( + 15 7 ) 1 8 ) ( + 19 0 11 ) )"  # the paper's example (depth 3)
 
 #: the paper's optimisation (Appendix A.2): SGD 1.0, clip 1, halving from epoch 9 or plateau
@@ -68,7 +69,7 @@ PAPER_TRAIN = TrainConfig(
 class TreeTransductionConfig:
     """Settings of the tree-transduction experiment (defaults: the paper's, Appendix A.2)."""
 
-    attention: Literal["none", "simple", "structured"] = "structured"  # encoder self-attention
+    attention: AttentionVariant = "structured"  # encoder self-attention
     dim: int = 50  # l: embedding and LSTM size
     parser_hidden: int = 50  # size of each direction of the parsing biLSTM
     batch_size: int = 20  # sentences per batch
