@@ -75,7 +75,7 @@ def test_data_tests_skip_with_the_data_set_named_and_the_rest_pass(clone: Path) 
     skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
     assert len(skipped) == _count(out, "skipped") == len(DATA_TESTS), out
     for name in DATA_TESTS.values():
-        reason = f"data set {name!r} not found (tried "
+        reason = f"data set {name!r} not found ("  # then the places tried
         assert any(reason in line and "STRUCTATTN_DATA" in line for line in skipped), (name, out)
     assert _count(out, "passed") > 20 and _count(out, "failed") == _count(out, "error") == 0
 
