@@ -21,7 +21,7 @@ test: setup
 	$(VENV)/bin/ruff check $(LINT)
 	$(VENV)/bin/ruff format --check $(LINT)
 	$(VENV)/bin/mypy
-	STRUCTATTN_EXTENSION=require $(PY) -m pytest
+	STRUCTATTN_EXTENSION=require $(PY) -m pytest -rs
 
 # Peers (torch-struct, supar, pytorch-crf) go into a separate venv: never into the test one.
 BENCH_VENV ?= .venv-bench

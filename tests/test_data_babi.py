@@ -273,7 +273,7 @@ def test_write_predictions(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason="bAbI data not in ../shared/data/babi/en")
+@pytest.mark.data("babi")
 def test_real_files() -> None:
     for task in range(1, 21):
         train_path, test_path = task_files(REAL, task)

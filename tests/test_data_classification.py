@@ -238,6 +238,7 @@ def _real(path: Path) -> Path:
     return path
 
 
+@pytest.mark.data("sick")
 def test_real_sick() -> None:
     splits = read_sick(_real(DATA / "sick" / "SICK.txt"))
     assert {k: len(v) for k, v in splits.items()} == {"train": 4439, "valid": 495, "test": 4906}
@@ -245,11 +246,13 @@ def test_real_sick() -> None:
     assert [labels.count(x) for x in NLI_LABELS] == [2821, 5595, 1424]
 
 
+@pytest.mark.data("snli_devtest")
 def test_real_snli() -> None:
     snli = _real(DATA / "snli_devtest")
     assert len(read_snli(snli, "dev")) == 9842 and len(read_snli(snli, "test")) == 9824
 
 
+@pytest.mark.data("sst")
 def test_real_sst() -> None:
     sst = _real(DATA / "sst" / "trees")
     # dev and test (train, 8,544 trees, takes ~1 s more: its lines are counted instead)

@@ -211,6 +211,7 @@ def test_check_tree() -> None:
     ("split", "sentences", "words", "non_projective"),
     [("dev", 2001, 25147, 31), ("test", 2077, 25094, 26)],
 )
+@pytest.mark.data("ud_english_ewt")
 def test_ud_english_ewt(split: str, sentences: int, words: int, non_projective: int) -> None:
     path = EWT / f"en_ewt-ud-{split}.conllu"
     if not path.is_file():

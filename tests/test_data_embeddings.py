@@ -97,7 +97,7 @@ def test_unknown_vectors_are_standard_gaussian() -> None:
     assert abs(g.mean().item()) < 0.02 and abs(g.std().item() - 1) < 0.02
 
 
-@pytest.mark.skipif(not (DATA / "glove").is_dir(), reason="shared data not present")
+@pytest.mark.data("glove", "sick")
 def test_shipped_glove_covers_sick() -> None:
     vectors = read_word_vectors(default_glove_path())
     assert len(vectors) == 10_000 and vectors.dim == 50 and vectors.words[0] == "the"

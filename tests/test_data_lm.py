@@ -155,8 +155,18 @@ def test_perplexity_of_a_hand_stream_is_exp_mean_nll() -> None:
 @pytest.mark.parametrize(
     ("name", "vocab", "tokens"),
     [
-        ("ptb", 10_000, {"train": 929_589, "valid": 73_760, "test": 82_430}),
-        ("wikitext-2", 33_278, {"train": 2_088_628, "valid": 217_646, "test": 245_569}),
+        pytest.param(
+            "ptb",
+            10_000,
+            {"train": 929_589, "valid": 73_760, "test": 82_430},
+            marks=pytest.mark.data("ptb"),
+        ),
+        pytest.param(
+            "wikitext-2",
+            33_278,
+            {"train": 2_088_628, "valid": 217_646, "test": 245_569},
+            marks=pytest.mark.data("wikitext-2"),
+        ),
     ],
 )
 def test_real_corpora(name: str, vocab: int, tokens: dict[str, int]) -> None:

@@ -61,6 +61,7 @@ def test_malformed_files_report_file_and_line(text: str, message: str) -> None:
         parse_mrg(text, "toy.mrg")
 
 
+@pytest.mark.data("nltk_treebank_sample")
 def test_the_shared_sample_counts() -> None:
     trees = load_treebank()
     assert len(trees) == 3914

@@ -32,7 +32,7 @@ try:
     SST = data_dir("sst") / "trees"
 except FileNotFoundError:  # pragma: no cover - the shared data is missing
     SST = Path("/nonexistent")
-needs_sst = pytest.mark.skipif(not SST.is_dir(), reason="SST trees not found")
+needs_sst = pytest.mark.data("sst")
 
 
 @needs_sst
@@ -186,6 +186,7 @@ def test_summary_and_table_of_several_seeds() -> None:
         LSTMNSSTConfig(task="neutral")  # type: ignore[arg-type]
 
 
+@pytest.mark.data("sick")
 def test_nli_pairs_config_and_table() -> None:
     from structattn.recipes.lstmn_nli import LSTMNNLIConfig, load_pairs
     from structattn.recipes.lstmn_nli import _summarize as nli_summarize
@@ -205,6 +206,7 @@ def test_nli_pairs_config_and_table() -> None:
     assert "LSTMN deep fusion" in table and "85.7" in table and "70.0 +- 0.0 (n=1)" in table
 
 
+@pytest.mark.data("sick", "glove")
 def test_nli_first_epoch_trains_only_the_rows_without_a_vector(tmp_path: Path) -> None:
     from structattn.data.embeddings import build_embedding_matrix, read_word_vectors
     from structattn.recipes.config import replace_path

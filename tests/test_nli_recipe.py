@@ -17,10 +17,7 @@ from structattn.recipes import nli, parser, runs
 from structattn.recipes.config import replace_path
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not (DATA / "sick").is_dir() or not (DATA / "ud_english_ewt").is_dir(),
-    reason="shared data not present",
-)
+needs_data = pytest.mark.data("sick", "ud_english_ewt", "glove")
 
 
 def _inputs(batch: int = 3, n: int = 6, m: int = 4) -> tuple[torch.Tensor, ...]:
@@ -243,6 +240,7 @@ def test_hard_parent_and_pretrained_through_a_parser_run(tmp_path: Path) -> None
     assert first["predicted"] in ("entailment", "neutral", "contradiction")
 
 
+@pytest.mark.data("glove")
 def test_branching_baselines_and_induced_trees() -> None:
     assert nli.branching_heads(3, "right") == [2, 3, 0]
     assert nli.branching_heads(3, "left") == [0, 1, 2]

@@ -25,6 +25,7 @@ def _enja() -> Path:
         pytest.skip("small_parallel_enja is not available")
 
 
+@pytest.mark.data("small_parallel_enja")
 def test_real_corpus_counts_filters_and_vocabulary() -> None:
     data = _enja()
     sizes = {}

@@ -128,6 +128,7 @@ def _train_tiny(
     return config, model, words, loaded
 
 
+@pytest.mark.data("glove")
 def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
     tmp_path: Path,
 ) -> None:
@@ -142,6 +143,7 @@ def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
     assert heads == [[2, 3, 0], [0]]
 
 
+@pytest.mark.data("glove")
 def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
     tmp_path: Path,
 ) -> None:

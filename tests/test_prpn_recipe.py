@@ -59,6 +59,7 @@ def test_build_model_variants() -> None:
         PRPNRecipeConfig(model="gru")  # type: ignore[arg-type]
 
 
+@pytest.mark.data("ptb", "nltk_treebank_sample")
 def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """train quick -> eval --task parse --sentences FILE prints one bracketed tree per line."""
     from structattn.cli import main

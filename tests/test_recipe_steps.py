@@ -29,6 +29,7 @@ def _load() -> ModuleType:
     return module
 
 
+@pytest.mark.data("glove", "ptb", "sick", "small_parallel_enja")
 def test_quick_table_has_every_row_with_a_finite_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

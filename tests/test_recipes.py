@@ -227,7 +227,25 @@ def _extra_args(name: str) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("name", recipes.names())
+# the real data sets each recipe's quick preset reads (tests/conftest.py skips a missing one)
+RECIPE_DATA = {
+    "babi": ("babi",),
+    "lstmn-lm": ("ptb",),
+    "lstmn-sst": ("sst", "glove"),
+    "lstmn-nli": ("sick", "glove"),
+    "nmt": ("small_parallel_enja",),
+    "prpn": ("ptb",),
+    "nli": ("sick", "glove"),
+    "parser": ("ud_english_ewt", "glove"),
+    "mfa-lm": ("ptb",),
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.data(*RECIPE_DATA[n])) if n in RECIPE_DATA else n
+     for n in recipes.names()],
+)  # fmt: skip
 def test_every_recipe_train_eval_resume_viz(name: str, tmp_path: Path, capsys) -> None:
     _smoke(name, tmp_path, capsys, _extra_args(name))
 
@@ -452,6 +470,7 @@ def test_shared_selection_and_seed_summary() -> None:
     assert mean_std_text(summary) == "75.0 +- 7.1 (n=2)"
 
 
+@pytest.mark.data("ptb", "wikitext-2")
 def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:
     for name in recipes.names():  # every companion is a registered recipe
         assert all(other in recipes.names() for other in recipes.get(name).reproduce_also)
