@@ -4,7 +4,6 @@ tests whose real data set is missing (``@pytest.mark.data``)."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +66,7 @@ def kernel_backend(request: pytest.FixtureRequest) -> Iterator[str]:
 # --- tests that need a real data set (#37) ----------------------------------------------------
 # ``@pytest.mark.data("ptb", ...)`` names the data sets a test reads: the folders of
 # ``../shared/data`` (see its README). Each is looked up through the library's own rule
-# (``structattn.io.shared_data_dir``); a missing one skips the test with a reason naming it, or
+# (``structattn.io.data_dir``); a missing one skips the test with a reason naming it, or
 # fails it where STRUCTATTN_REQUIRE_DATA is set (``.ci/run`` sets it: CI runs every data test).
 
 REQUIRE_DATA = "STRUCTATTN_REQUIRE_DATA"
@@ -84,16 +83,15 @@ def require_data() -> bool:
 
 def missing_data(name: str) -> str | None:
     """``None`` where the data set ``name`` is found, else why not (the places tried)."""
-    from structattn.io import shared_data_dir
+    from structattn.io import data_dir, data_roots
 
     try:
-        shared_data_dir(name, what=f"data set {name!r}")
-    except FileNotFoundError as err:
-        tried = re.search(r"\(tried [^)]*\)", str(err))
-        where = tried.group(0) if tried else f"({err})"
+        data_dir(name, what=f"data set {name!r}")
+    except FileNotFoundError:
+        tried = ", ".join(str(root.path / name) for root in data_roots())
         return (
-            f"data set {name!r} not found {where}; put it under --data-dir / STRUCTATTN_DATA "
-            f"(a folder {name}/ laid out as in ../shared/data)"
+            f"data set {name!r} not found (tried {tried}); put it under --data-dir / "
+            f"STRUCTATTN_DATA (a folder {name}/ laid out as in ../shared/data)"
         )
     return None
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_data import real_data
 
 from structattn.data.babi import (
     FACT_EXCLUDED_TASKS,
@@ -26,7 +27,7 @@ from structattn.data.babi import (
     write_predictions,
 )
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "babi" / "en"
+REAL = real_data("babi") / "en"
 
 TWO_STORIES = """\
 1 Mary moved to the bathroom.

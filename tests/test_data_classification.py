@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import DATA
 
 from structattn.data.classification import (
     NLI_LABELS,
@@ -26,8 +27,6 @@ from structattn.data.classification import (
     tokenize,
 )
 from structattn.metrics import ConfusionMatrix, accuracy, paired_bootstrap
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 SICK_HEADER = (
     "pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tentailment_AB\t"

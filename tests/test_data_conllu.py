@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+from shared_data import real_data
 
 import structattn
 from structattn.data.conllu import (
@@ -22,7 +23,7 @@ from structattn.data.conllu import (
     write_conllu,
 )
 
-EWT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ud_english_ewt"
+EWT = real_data("ud_english_ewt")
 
 
 def row(*cols: object) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import DATA
 
 from structattn.data.classification import WordVocabulary, read_sick
 from structattn.data.embeddings import (
@@ -17,8 +18,6 @@ from structattn.data.embeddings import (
     unknown_vectors,
     word_bucket,
 )
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def write(tmp_path: Path, text: str, name: str = "vec.txt") -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import DATA
 
 from structattn.data.lm import (
     LMVocabulary,
@@ -21,8 +22,6 @@ from structattn.data.lm import (
     read_lm_lines,
 )
 from structattn.metrics import perplexity
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def write_corpus(directory: Path, train: str, valid: str, test: str, prefix: str = "") -> Path:

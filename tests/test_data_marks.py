@@ -37,7 +37,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(ROOT / "src", repo / "src", ignore=ignore)
     (repo / "tests").mkdir()
-    for name in ("conftest.py", "oracles.py", *FILES):
+    for name in ("conftest.py", "oracles.py", "shared_data.py", *FILES):
         shutil.copy2(ROOT / "tests" / name, repo / "tests" / name)
     shutil.copy2(ROOT / "pyproject.toml", repo / "pyproject.toml")
     assert not (base / "shared").exists()

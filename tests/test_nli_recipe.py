@@ -16,7 +16,6 @@ from structattn.models.nli import DecomposableAttention
 from structattn.recipes import nli, parser, runs
 from structattn.recipes.config import replace_path
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 needs_data = pytest.mark.data("sick", "ud_english_ewt", "glove")
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
+from shared_data import real_data
 from torch import nn
 
 from structattn import recipes
@@ -22,7 +23,7 @@ from structattn.recipes import Preset, Recipe, runs
 from structattn.recipes.config import config_from_dict, config_to_dict, replace_path
 from structattn.training import Task, TrainConfig, fit, load_model_state
 
-BABI = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "babi" / "en"
+BABI = real_data("babi") / "en"
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
