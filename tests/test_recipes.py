@@ -136,6 +136,19 @@ TOY = Recipe(
 RECIPE = TOY  # what a worker process looks up when it imports this module
 
 
+def test_recipe_record_checks_its_fields() -> None:
+    """The variant is the grid's last axis, a `runs` config field makes a multi-run recipe;
+    a grid axis outside the config or a missing preset is refused."""
+    from dataclasses import replace
+
+    assert TOY.variant.field == "model" and TOY.multi_run and TOY.cell(TOY_QUICK) == "linear"
+    assert not recipes.get("tree-transduction").multi_run
+    with pytest.raises(ValueError, match="`grid` axis"):
+        replace(TOY, grid=(GridAxis("widths", "width", (1, 2)),))
+    with pytest.raises(ValueError, match="presets"):
+        replace(TOY, presets={"paper": TOY.presets["paper"]})
+
+
 @pytest.fixture
 def toy() -> Any:
     recipes.register(TOY)
