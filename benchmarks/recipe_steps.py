@@ -56,7 +56,7 @@ from timing import time_interleaved
 from torch import Tensor, nn
 
 from structattn.models.language_model import detach_state
-from structattn.recipes.base import markdown_table
+from structattn.recipes.tables import markdown_table
 from structattn.training import TrainConfig, make_optimizer
 
 CPU = torch.device("cpu")

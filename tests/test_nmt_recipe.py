@@ -178,9 +178,9 @@ def test_bleu_significance_and_table(tmp_path: Path) -> None:
     assert "CHAR" in table and "Structured" in table and "WORD" not in table
     assert nmt.significance_table(tmp_path / "nothing") == ""
     # reproduce's plots hook writes the table beside the figures
-    assert nmt.RECIPE.plots is not None
+    assert nmt.RECIPE.report.plots is not None
     results = {("char", "simple"): {"bleu": 1.0}, ("char", "structured"): {"bleu": 2.0}}
-    written = nmt.RECIPE.plots(results, tmp_path)
+    written = nmt.RECIPE.report.plots(results, tmp_path)
     assert tmp_path / "significance.md" in written
     assert (tmp_path / "significance.md").read_text() == table + "\n"
 

@@ -19,7 +19,7 @@ from torch import nn
 from structattn import recipes
 from structattn.cli import main
 from structattn.data.conllu import check_tree, parse_conllu
-from structattn.recipes import Preset, Recipe, runs
+from structattn.recipes import GridAxis, Preset, Recipe, Reporting, Tools, runs
 from structattn.recipes.config import config_from_dict, config_to_dict, replace_path
 from structattn.training import Task, TrainConfig, fit, load_model_state
 
@@ -121,22 +121,33 @@ TOY_QUICK = replace_path(ToyConfig(), {"size": 32, "train.epochs": 2})
 TOY = Recipe(
     name="toy",
     summary="which input is largest (the example recipe of tests/test_recipes.py)",
-    config=ToyConfig,
-    variant="model",
-    variants=("linear", "mlp"),
+    config=ToyConfig,  # its `runs` field: each cell is `runs` seeded runs
     presets={
         "paper": Preset(ToyConfig(), "the full toy"),
         "cpu": Preset(ToyConfig(), "the same on a CPU"),
         "quick": Preset(TOY_QUICK, "32 examples, 2 epochs"),
     },
+    grid=(GridAxis("variants", "model", ("linear", "mlp")),),
     train=toy_train,
     score=toy_score,
     evaluate=toy_evaluate,
-    viz=toy_viz,
-    paper={"linear": {"accuracy": 99.0}, "mlp": {"accuracy": 99.5}},
-    multi_run=True,
+    report=Reporting(paper={"linear": {"accuracy": 99.0}, "mlp": {"accuracy": 99.5}}),
+    tools=Tools(viz=toy_viz),
 )
 RECIPE = TOY  # what a worker process looks up when it imports this module
+
+
+def test_recipe_record_checks_its_fields() -> None:
+    """The variant is the grid's last axis, a `runs` config field makes a multi-run recipe;
+    a grid axis outside the config or a missing preset is refused."""
+    from dataclasses import replace
+
+    assert TOY.variant.field == "model" and TOY.multi_run and TOY.cell(TOY_QUICK) == "linear"
+    assert not recipes.get("tree-transduction").multi_run
+    with pytest.raises(ValueError, match="`grid` axis"):
+        replace(TOY, grid=(GridAxis("widths", "width", (1, 2)),))
+    with pytest.raises(ValueError, match="presets"):
+        replace(TOY, presets={"paper": TOY.presets["paper"]})
 
 
 @pytest.fixture
@@ -185,10 +196,10 @@ def _smoke(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra:
         p: t for p, t in before.items() if p.name == "done.json"
     }
 
-    if recipe.parse is not None:
+    if recipe.tools.parse is not None:
         _check_parse(name, out, tmp_path, capsys)
 
-    if recipe.viz is not None and HAS_MATPLOTLIB:
+    if recipe.tools.viz is not None and HAS_MATPLOTLIB:
         assert _cli("viz", name, "--checkpoint", str(out), "--out", str(tmp_path / "viz")) == 0
         files = [Path(line) for line in capsys.readouterr().out.split()]
         assert files and all(f.stat().st_size > 1000 for f in files)
@@ -446,10 +457,10 @@ def test_train_without_tqdm_runs_with_a_notice(
 def test_shared_selection_and_seed_summary() -> None:
     """One selection rule for the classification recipes: accuracy first, the NLL breaks
     ties without ever outweighing an accuracy step; seeds summarised as mean / sample std."""
-    from structattn.recipes.base import (
+    from structattn.metrics import seed_spread
+    from structattn.recipes.tables import (
         accuracy_metric,
         mean_std_text,
-        seed_spread,
         seed_summary,
         valid_accuracy,
     )
@@ -474,7 +485,7 @@ def test_shared_selection_and_seed_summary() -> None:
 @pytest.mark.data("ptb", "wikitext-2")
 def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:
     for name in recipes.names():  # every companion is a registered recipe
-        assert all(other in recipes.names() for other in recipes.get(name).reproduce_also)
+        assert all(other in recipes.names() for other in recipes.get(name).report.reproduce_also)
     out = tmp_path / "mfa"
     args = ("reproduce", "mfa", "--preset", "quick", "--out", str(out), "--tasks", "sorting",
             "--models", "lstm")  # fmt: skip
@@ -490,8 +501,8 @@ def test_reproduce_also_makes_the_other_tables(tmp_path: Path, capsys) -> None:
 
 
 def test_load_vocabulary_run_refuses_another_recipes_run(toy: Recipe, tmp_path: Path) -> None:
-    from structattn.recipes.base import load_vocabulary_run
     from structattn.recipes.lstmn_sst import LSTMNSSTConfig, build_model
+    from structattn.recipes.runs import load_vocabulary_run
 
     runs.train_cell(toy, replace_path(TOY_QUICK, {"runs": 1}), tmp_path / "cell")
     with pytest.raises(ValueError, match="is not an lstmn-sst run"):

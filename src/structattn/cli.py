@@ -8,11 +8,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+if TYPE_CHECKING:
+    from .recipes.base import GridAxis, Recipe, RecipeConfig
+
 __all__ = ["main"]
+
+C = TypeVar("C", bound="RecipeConfig")  # a recipe's config dataclass
 
 
 def _fmt_row(label: str, values: Sequence[float], width: int = 6) -> str:
@@ -82,7 +87,7 @@ def tour(seed: int = 0) -> str:
 EXTRA = 'pip install "structattn[recipes]"'
 
 
-def _preset_config(recipe: Any, args: argparse.Namespace) -> Any:
+def _preset_config(recipe: Recipe[C], args: argparse.Namespace) -> C:
     """The config of ``--preset`` (default: the paper's) with the command line's flags."""
     from .recipes.config import config_from_args
 
@@ -90,7 +95,7 @@ def _preset_config(recipe: Any, args: argparse.Namespace) -> Any:
     return config_from_args(recipe.config, args, base)
 
 
-def _run_flags(p: argparse.ArgumentParser, recipe: Any, out_help: str) -> None:
+def _run_flags(p: argparse.ArgumentParser, recipe: Recipe[C], out_help: str) -> None:
     p.add_argument(
         "--preset",
         choices=sorted(recipe.presets),
@@ -155,9 +160,10 @@ def _build_parser() -> argparse.ArgumentParser:
     }
     for name in recipes.names():
         recipe = recipes.get(name)
-        if recipe.data is not None:
+        tools = recipe.tools
+        if tools.data is not None:
             p = per_command["data"].add_parser(name, help=recipe.summary)
-            add_config_arguments(p, recipe.data_options, title="data options")
+            add_config_arguments(p, tools.data_options, title="data options")
 
         p = per_command["train"].add_parser(name, help=recipe.summary)
         layout = "<out>/run_NN" if recipe.multi_run else "<out>"
@@ -172,7 +178,7 @@ def _build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--predictions", default=None, help="write one JSON object per example")
         p.add_argument("--device", default="cpu")
-        add_config_arguments(p, recipe.eval_options, title="eval options")
+        add_config_arguments(p, tools.eval_options, title="eval options")
 
         p = per_command["reproduce"].add_parser(name, help=recipe.summary)
         _run_flags(p, recipe, f"output directory (default runs/{name})")
@@ -183,8 +189,8 @@ def _build_parser() -> argparse.ArgumentParser:
                 default=default,
                 help=f"comma-separated {axis.field} values (default {default})",
             )
-        if recipe.reproduce_also:
-            also = ", ".join(recipe.reproduce_also)
+        if recipe.report.reproduce_also:
+            also = ", ".join(recipe.report.reproduce_also)
             p.add_argument(
                 "--skip-also",
                 action="store_true",
@@ -193,7 +199,7 @@ def _build_parser() -> argparse.ArgumentParser:
             )
         add_config_arguments(p, recipe.config, skip={a.field for a in recipe.grid})
 
-        if recipe.parse is not None:
+        if tools.parse is not None:
             p = per_command["parse"].add_parser(name, help=recipe.summary)
             p.add_argument("--checkpoint", required=True, help="a run directory or its model.pt")
             p.add_argument(
@@ -202,7 +208,7 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--output", default=None, help="write here (default: stdout)")
             p.add_argument("--device", default="cpu")
 
-        if recipe.viz is None:
+        if tools.viz is None:
             continue
         p = per_command["viz"].add_parser(name, help=recipe.summary)
         p.add_argument(
@@ -211,7 +217,7 @@ def _build_parser() -> argparse.ArgumentParser:
             help="a run directory, a train output dir, or a reproduce dir",
         )
         p.add_argument("--out", default=None, help="output file or directory (default: beside it)")
-        add_config_arguments(p, recipe.viz_options, title="viz options")
+        add_config_arguments(p, tools.viz_options, title="viz options")
     return parser
 
 
@@ -221,7 +227,7 @@ def _options(cls: type, args: argparse.Namespace) -> Any:
     return config_from_args(cls, args)
 
 
-def _grid_values(recipe: Any, config: Any, axis: Any, text: str) -> list[Any]:
+def _grid_values(config: RecipeConfig, axis: GridAxis, text: str) -> list[Any]:
     """``--<axis> a,b``: values converted to the config field's type and checked by it."""
     from dataclasses import replace
 
@@ -239,7 +245,7 @@ def _grid_values(recipe: Any, config: Any, axis: Any, text: str) -> list[Any]:
     return values
 
 
-def _jobs(recipe: Any, args: argparse.Namespace) -> int:
+def _jobs(recipe: Recipe[C], args: argparse.Namespace) -> int:
     if args.jobs is not None:
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
@@ -247,7 +253,7 @@ def _jobs(recipe: Any, args: argparse.Namespace) -> int:
     return recipe.presets[args.preset].jobs if args.preset else 1
 
 
-def _cmd_train(recipe: Any, args: argparse.Namespace) -> None:
+def _cmd_train(recipe: Recipe[C], args: argparse.Namespace) -> None:
     from .recipes import runs
 
     config = _preset_config(recipe, args)
@@ -259,32 +265,32 @@ def _cmd_train(recipe: Any, args: argparse.Namespace) -> None:
         print(json.dumps({"out": out, **shown}, indent=2, default=str))
 
 
-def _cmd_eval(recipe: Any, args: argparse.Namespace) -> None:
+def _cmd_eval(recipe: Recipe[C], args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .recipes import runs
 
     run_dir = runs.resolve_run(recipe, args.checkpoint)
     predictions = Path(args.predictions) if args.predictions else None
-    options = _options(recipe.eval_options, args)
+    options = _options(recipe.tools.eval_options, args)
     print(recipe.evaluate(run_dir, options, args.device, predictions))
     if predictions:
         print(f"predictions written to {predictions}")
 
 
-def _cmd_reproduce(recipe: Any, args: argparse.Namespace) -> None:
+def _cmd_reproduce(recipe: Recipe[C], args: argparse.Namespace) -> None:
     from .recipes import runs
 
     config = _preset_config(recipe, args)
     _notices(config)
-    grid = {a.field: _grid_values(recipe, config, a, getattr(args, a.flag)) for a in recipe.grid}
+    grid = {a.field: _grid_values(config, a, getattr(args, a.flag)) for a in recipe.grid}
     out = args.out or os.path.join("runs", recipe.name)
     runs.reproduce(recipe, config, out, grid, args.resume, args.force, _jobs(recipe, args))
     if getattr(args, "skip_also", True):
         return
     from . import recipes
 
-    for name in recipe.reproduce_also:  # the paper's other tables, each on its own grid
+    for name in recipe.report.reproduce_also:  # the paper's other tables, each on its own grid
         other = recipes.get(name)
         base = other.presets[args.preset].config if args.preset else other.config()
         print(f"\n== {name}: {other.summary} ==")
@@ -293,23 +299,25 @@ def _cmd_reproduce(recipe: Any, args: argparse.Namespace) -> None:
         runs.reproduce(other, base, os.path.join(out, name), values, args.resume, args.force, jobs)
 
 
-def _cmd_viz(recipe: Any, args: argparse.Namespace) -> None:
+def _cmd_viz(recipe: Recipe[C], args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    assert recipe.viz is not None
-    options = _options(recipe.viz_options, args)
-    for path in recipe.viz(Path(args.checkpoint), options, Path(args.out) if args.out else None):
+    tools = recipe.tools
+    assert tools.viz is not None
+    options = _options(tools.viz_options, args)
+    for path in tools.viz(Path(args.checkpoint), options, Path(args.out) if args.out else None):
         print(path)
 
 
-def _cmd_parse(recipe: Any, args: argparse.Namespace) -> None:
+def _cmd_parse(recipe: Recipe[C], args: argparse.Namespace) -> None:
     from .io import atomic_write_text, read_sentences
     from .recipes import runs
 
-    assert recipe.parse is not None
+    parse = recipe.tools.parse
+    assert parse is not None
     sentences = read_sentences(args.input)
     run_dir = runs.resolve_run(recipe, args.checkpoint)
-    parsed = "".join(f"{out}\n" for out in recipe.parse(run_dir, sentences, args.device))
+    parsed = "".join(f"{out}\n" for out in parse(run_dir, sentences, args.device))
     if args.output:
         atomic_write_text(args.output, parsed)
         print(f"{len(sentences)} sentences parsed into {args.output}", file=sys.stderr)
@@ -317,9 +325,10 @@ def _cmd_parse(recipe: Any, args: argparse.Namespace) -> None:
         sys.stdout.write(parsed)
 
 
-def _cmd_data(recipe: Any, args: argparse.Namespace) -> None:
-    assert recipe.data is not None
-    recipe.data(_options(recipe.data_options, args))
+def _cmd_data(recipe: Recipe[C], args: argparse.Namespace) -> None:
+    tools = recipe.tools
+    assert tools.data is not None
+    tools.data(_options(tools.data_options, args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -334,7 +343,9 @@ def _cmd_list() -> None:
     for name in recipes.names():
         recipe = recipes.get(name)
         print(f"{name}: {recipe.summary}")
-        print(f"  variants (--{recipe.variant.replace('_', '-')}): {', '.join(recipe.variants)}")
+        variant = recipe.variant  # the grid's last axis
+        values = ", ".join(map(str, variant.values))
+        print(f"  variants (--{variant.field.replace('_', '-')}): {values}")
         grid = " x ".join(f"--{a.flag}" for a in recipe.grid)
         print(f"  reproduce grid: {grid}")
         print("  presets (--preset):")
@@ -351,14 +362,14 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _notices(config: Any) -> None:
+def _notices(config: RecipeConfig) -> None:
     """One line per optional package whose absence only changes what the user sees (progress
     bars; the C++ kernels warn on their own): the command runs."""
     if config.train.progress and not _installed("tqdm"):
         print(f"structattn: no progress bars without tqdm ({EXTRA})", file=sys.stderr)
 
 
-def _missing(command: str, recipe: Any) -> str | None:
+def _missing(command: str, recipe: Recipe[C] | None) -> str | None:
     """The one-line error when ``command`` needs a package that is not installed."""
     needs: tuple[str, ...] = ("matplotlib",) if command == "demo" else ()
     if recipe is not None:
@@ -415,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             _cmd_demo(args)
         else:
+            assert recipe is not None  # every other command has a recipe argument
             commands[args.command](recipe, args)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
         from .training import CheckpointError

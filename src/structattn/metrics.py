@@ -1,5 +1,5 @@
 """Task metrics shared by the data modules and the recipes: accuracy, confusion matrix with
-per-class precision / recall / F1, perplexity, paired bootstrap test.
+per-class precision / recall / F1, perplexity, paired bootstrap test, the spread of seeded runs.
 
 Only the standard library and numpy: any layer may import this module (it imports nothing of
 structattn). Attachment scores (UAS / LAS) live with the CoNLL-U reader
@@ -15,6 +15,7 @@ structattn). Attachment scores (UAS / LAS) live with the CoNLL-U reader
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "bracket_f1",
     "paired_bootstrap",
     "perplexity",
+    "seed_spread",
 ]
 
 
@@ -58,6 +60,19 @@ def perplexity(total_nll: float, tokens: int) -> float:
         raise ValueError(f"total NLL must be finite and >= 0, got {total_nll}")
     mean = total_nll / tokens
     return math.exp(mean) if mean < 709.0 else math.inf  # exp overflows float64 past ~709.78
+
+
+def seed_spread(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one run) and the values of a cell's seeded runs.
+
+    >>> seed_spread([1, 2, 3])
+    {'mean': 2.0, 'std': 1.0, 'runs': [1.0, 2.0, 3.0]}
+    """
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no runs to summarise")
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": spread, "runs": values}
 
 
 @dataclass(frozen=True)

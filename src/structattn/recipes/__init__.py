@@ -3,15 +3,45 @@
 A new recipe is one module ending with a :class:`~structattn.recipes.base.Recipe` record
 named ``RECIPE`` plus one line in :data:`BUILTIN`; code outside the package registers its own
 with :func:`register`. The command line is generated from the registry.
+
+The record's core is what every recipe has; reporting and extra commands are optional::
+
+    RECIPE = Recipe(
+        name="my-recipe", summary="Paper, Table 1: what is measured",
+        config=MyConfig,  # dataclass: paper defaults, `train: TrainConfig`, maybe `runs: int`
+        presets={"paper": Preset(MyConfig(), "..."), "cpu": ..., "quick": ...},
+        grid=(GridAxis("variants", "model", ("lstm", "crf")),),  # last axis: the variant
+        train=train, score=score, evaluate=evaluate,
+        report=Reporting(table=my_table, paper={...}),  # optional
+        tools=Tools(viz=viz, viz_options=VizOptions),  # optional
+    )
+
+Shared pieces: :mod:`~structattn.recipes.runs` (run directories, seeded runs, ``reproduce``),
+:mod:`~structattn.recipes.tables` (selection, summaries, Markdown tables),
+:mod:`~structattn.recipes.config` (config dataclasses <-> flags and JSON).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any, TypeVar
 
-from .base import GridAxis, Preset, Recipe
+from .base import GridAxis, Preset, Recipe, RecipeConfig, Reporting, Tools
 
-__all__ = ["BUILTIN", "GridAxis", "Preset", "Recipe", "get", "names", "register", "unregister"]
+__all__ = [
+    "BUILTIN",
+    "GridAxis",
+    "Preset",
+    "Recipe",
+    "Reporting",
+    "Tools",
+    "get",
+    "names",
+    "register",
+    "unregister",
+]
+
+C = TypeVar("C", bound=RecipeConfig)
 
 #: modules of the built-in recipes, each defines ``RECIPE`` (one line per recipe)
 BUILTIN: tuple[str, ...] = (
@@ -28,7 +58,7 @@ BUILTIN: tuple[str, ...] = (
     "structattn.recipes.mfa_lm",
 )
 
-_REGISTRY: dict[str, Recipe] = {}
+_REGISTRY: dict[str, Recipe[Any]] = {}  # recipes of any config type
 _loaded = False
 
 
@@ -42,7 +72,7 @@ def _load_builtin() -> None:
         _REGISTRY.setdefault(recipe.name, recipe)
 
 
-def register(recipe: Recipe, replace: bool = False) -> Recipe:
+def register(recipe: Recipe[C], replace: bool = False) -> Recipe[C]:
     """Add ``recipe`` under ``recipe.name`` (an existing name is an error unless ``replace``)."""
     _load_builtin()
     if not isinstance(recipe, Recipe):
@@ -65,7 +95,7 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def get(name: str) -> Recipe:
+def get(name: str) -> Recipe[Any]:
     """The recipe ``name``; ``ValueError`` listing the known ones otherwise."""
     _load_builtin()
     if name not in _REGISTRY:

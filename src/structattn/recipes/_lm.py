@@ -10,7 +10,7 @@ the ``train`` / ``score`` / ``evaluate`` functions of a :class:`~structattn.reci
 
     PARTS = LMRecipeParts("my-lm", MyLMConfig, build_model)
     RECIPE = Recipe(name="my-lm", ..., train=PARTS.train, score=PARTS.score,
-                    evaluate=PARTS.evaluate, eval_options=LMEvalOptions)
+                    evaluate=PARTS.evaluate, tools=Tools(eval_options=LMEvalOptions))
 
 (the default ``select`` of a recipe, the best validation ``metric``, is minus the best
 validation perplexity here).

@@ -48,8 +48,9 @@ from ..models import MEMORY_MODELS, MemoryQA, MemoryQAOutput
 from ..models.memory_qa import CRF_LINEAR_STARTS, TEMPORAL_INITS, TYINGS
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe, accuracy_metric
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
+from .tables import accuracy_metric
 
 __all__ = [
     "RECIPE",
@@ -835,34 +836,31 @@ RECIPE = Recipe(
     name="babi",
     summary="SAN 4.3, Table 4 / Figure 5: bAbI QA with MemN2N, unary and binary CRF memory",
     config=BabiConfig,
-    variant="model",
-    variants=TABLE_ORDER,
     presets={
         "paper": Preset(BabiConfig(), "Appendix A.4: 100 epochs, 20 runs per task and model"),
         "cpu": Preset(_CPU, "the paper's settings, 5 runs per cell, 2 processes", 2),
         "quick": Preset(_QUICK, "seconds: 2 runs of 2 epochs (smoke tests)"),
     },
+    grid=(GridAxis("tasks", "task", PAPER_TASKS), GridAxis("models", "model", TABLE_ORDER)),
     train=train_run,
     score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=_cell_dir,
-    grid=(GridAxis("tasks", "task", PAPER_TASKS), GridAxis("models", "model", TABLE_ORDER)),
-    table=_table,
-    paper={
-        "source": "Kim et al. 2017, Table 4 (Ans % / Fact %)",
-        "hops": {str(t): k for t, k in PAPER_HOPS.items()},
-        "cells": {
-            m: {str(t): list(v) for t, v in PAPER_TABLE4[m.replace("-", "_")].items()}
-            for m in TABLE_ORDER
-        },
-        "average": {m: list(PAPER_TABLE4_AVERAGE[m.replace("-", "_")]) for m in TABLE_ORDER},
-    },
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    multi_run=True,
-    plots=_plots,
+    cell_dir=_cell_dir,
     resumable=frozenset({"fact_runs"}),
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=_table,
+        paper={
+            "source": "Kim et al. 2017, Table 4 (Ans % / Fact %)",
+            "hops": {str(t): k for t, k in PAPER_HOPS.items()},
+            "cells": {
+                m: {str(t): list(v) for t, v in PAPER_TABLE4[m.replace("-", "_")].items()}
+                for m in TABLE_ORDER
+            },
+            "average": {m: list(PAPER_TABLE4_AVERAGE[m.replace("-", "_")]) for m in TABLE_ORDER},
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

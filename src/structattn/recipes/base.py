@@ -2,9 +2,16 @@
 
 A recipe is a flat module (config dataclass, data, build, train, evaluate, table, plots)
 that ends with one :class:`Recipe` record of its functions; :mod:`structattn.recipes`
-registers it by name, and ``structattn data|train|eval|reproduce|viz <name>`` are generated
-from the record (:mod:`structattn.cli`); run directories, seeded runs in parallel, resume,
-best-run selection, results files and tables come from :mod:`structattn.recipes.runs`.
+registers it by name, and ``structattn data|train|eval|reproduce|viz|parse <name>`` are
+generated from the record (:mod:`structattn.cli`); run directories, seeded runs in parallel,
+resume, best-run selection, results files and tables come from :mod:`structattn.recipes.runs`.
+
+The core record is what every recipe has; two optional sub-records hold the rest::
+
+    Recipe(name, summary, config, presets, grid, train, score, evaluate,
+           cell_dir=None, resumable=frozenset(), needs={"viz": ("matplotlib",)},
+           report=Reporting(select, summarize, table, paper, plots, reproduce_also),
+           tools=Tools(eval_options, viz, viz_options, parse, data, data_options))
 
 Protocol of one run (``train`` then ``score``, driven by the runner)::
 
@@ -12,20 +19,23 @@ Protocol of one run (``train`` then ``score``, driven by the runner)::
                                              config.train.seed); returns fit's summary
     score(config, run_dir) -> dict           {"valid": {...}, "test": {...}} of the trained
                                              run; writes run_dir/test_predictions.jsonl
-    select(record) -> float                  validation score of a finished run's record
-                                             (done.json), higher is better
-    summarize(config, records) -> dict       one cell's summary from its finished runs'
-                                             records, best first (what the table shows)
+
+A config with a ``runs`` field makes a *multi-run* recipe: a cell is ``runs`` seeded runs
+(``<out>/run_NN``) and :class:`Reporting` picks the best on validation and summarises them
+(the defaults are in :mod:`structattn.recipes.tables`).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from .tables import best_on_validation, best_run_scores, scores_table
+
+if TYPE_CHECKING:
+    from ..training import TrainConfig
 
 __all__ = [
     "RESUMABLE",
@@ -33,24 +43,36 @@ __all__ = [
     "NoOptions",
     "Preset",
     "Recipe",
-    "accuracy_metric",
-    "best_on_validation",
-    "best_run_scores",
-    "load_vocabulary_run",
-    "mean_std_text",
-    "seed_spread",
-    "seed_summary",
-    "valid_accuracy",
-    "markdown_table",
-    "scores_table",
+    "RecipeConfig",
+    "Record",
+    "Reporting",
+    "Results",
+    "Tools",
 ]
 
 
+class RecipeConfig(Protocol):
+    """What the runner reads of every recipe's config: a dataclass with training settings."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass
+
+    @property
+    def train(self) -> TrainConfig: ...
+
+
+C = TypeVar("C", bound=RecipeConfig)  # a recipe's config dataclass
+
+#: a finished run's record (its ``done.json``)
+Record = Mapping[str, Any]
+#: ``reproduce``'s results: a cell's grid values -> its summary
+Results = Mapping[tuple[Any, ...], Mapping[str, Any]]
+
+
 @dataclass(frozen=True)
-class Preset:
+class Preset(Generic[C]):
     """A named config of a recipe (``--preset NAME``)."""
 
-    config: Any  # the recipe's config dataclass instance
+    config: C  # the recipe's config dataclass instance
     description: str  # one line for ``structattn list``
     jobs: int = 1  # default ``--jobs`` (runs trained in parallel processes)
 
@@ -71,200 +93,98 @@ RESUMABLE = frozenset(
 )  # fmt: skip
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A right-aligned Markdown table."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
-
-
-def accuracy_metric(accuracy: float, loss: float) -> float:
-    """Selection metric of the classification recipes: ``accuracy`` (a fraction or a
-    percentage), ties broken by the lower NLL ``loss`` (its term stays below 1e-4, less than
-    one accuracy step of any validation set here)."""
-    return accuracy - 1e-6 * min(loss, 99.0)
-
-
-def valid_accuracy(record: Mapping[str, Any], scale: float = 1.0) -> float:
-    """``select`` of a run whose record has ``valid: {accuracy, loss}``: :func:`accuracy_metric`
-    of ``scale * accuracy`` (-inf when the run has no validation accuracy)."""
-    valid = record.get("valid") or {}
-    if "accuracy" not in valid:
-        return -math.inf
-    return accuracy_metric(float(valid["accuracy"]) * scale, float(valid.get("loss", 0.0)))
-
-
-def seed_spread(values: Sequence[float]) -> dict[str, Any]:
-    """Mean, sample standard deviation (0 for one run) and the values of a cell's runs."""
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("no runs to summarise")
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "std": spread, "runs": values}
-
-
-def seed_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A multi-run cell's ``summarize`` for accuracy recipes: ``test_mean`` / ``test_std`` /
-    ``test_runs`` of the runs' test accuracy (:func:`seed_spread`) and the best run's
-    (``records[0]``) ``test``, ``valid`` and ``coverage``."""
-    spread = seed_spread([r["test"]["accuracy"] for r in records])
-    return {
-        "test_mean": spread["mean"],
-        "test_std": spread["std"],
-        "test_runs": spread["runs"],
-        "test": records[0]["test"],
-        "valid": records[0]["valid"],
-        "coverage": records[0].get("coverage"),
-    }
-
-
-def mean_std_text(summary: Mapping[str, Any]) -> str:
-    """``"mean +- std (n=runs)"`` of a :func:`seed_summary`, for tables."""
-    runs = len(summary["test_runs"])
-    return f"{summary['test_mean']:.1f} +- {summary['test_std']:.1f} (n={runs})"
-
-
-def load_vocabulary_run(
-    run_dir: str | Path,
-    device: str,
-    recipe: str,
-    config_class: type,
-    build_model: Callable[[Any, int, int], Any],
-) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """The best model of a run of a recipe whose checkpoints keep its word vocabulary and
-    embedding size in ``extra`` (``vocab``, ``embed_dim``): ``(model in eval mode on
-    device, WordVocabulary, config, extra)`` from one read of ``model.pt``; ``ValueError``
-    for another recipe's run. ``build_model(config, vocabulary size, embedding size)``."""
-    from ..data.classification import WordVocabulary
-    from ..training import load_model_state
-    from .config import config_from_dict
-
-    state = load_model_state(run_dir)
-    if state["config"].get("recipe") != recipe:
-        raise ValueError(f"{run_dir} is not an {recipe} run ({state['config'].get('recipe')!r})")
-    config: Any = config_from_dict(config_class, state["config"])
-    vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
-    model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), vocab, config, state["extra"]
-
-
-def best_on_validation(record: Mapping[str, Any]) -> float:
-    """Default ``select``: the validation ``metric`` of the run's best epoch (fit's summary)."""
-    return float(record.get("train", {}).get("best", {}).get("metric", -math.inf))
-
-
-def best_run_scores(config: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Default ``summarize``: the validation and test scores of the best run."""
-    return {"valid": records[0].get("valid"), "test": records[0].get("test")}
-
-
-def _number(value: Any) -> str:
-    return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
-
-
-def scores_table(
-    results: Mapping[tuple[Any, ...], Mapping[str, Any]], paper: Mapping[str, Any]
-) -> str:
-    """Default ``table``: one row per cell, its numeric test scores, and beside them the
-    paper's ``paper[cell label][score]`` where given."""
-    keys = sorted(
-        {k for s in results.values() for k, v in (s.get("test") or {}).items()
-         if isinstance(v, int | float) and not isinstance(v, bool)}
-    )  # fmt: skip
-    header = ["Cell", *(f"{k} (ours)" for k in keys), *(f"{k} (paper)" for k in keys)]
-    rows = []
-    for cell, summary in results.items():
-        label = " ".join(map(str, cell))
-        test = summary.get("test") or {}
-        reference = paper.get(label, {}) if isinstance(paper.get(label), Mapping) else {}
-        rows.append(
-            [
-                label,
-                *(_number(test.get(k)) for k in keys),
-                *(_number(reference.get(k)) for k in keys),
-            ]
-        )
-    return markdown_table(header, rows)
-
-
 @dataclass(frozen=True)
 class NoOptions:
     """A command without flags of its own."""
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """A paper experiment as a flat record of functions (see the module docstring); the
-    optional fields have generic defaults."""
+class Reporting(Generic[C]):
+    """How a cell's runs are ranked and summarised, and how ``reproduce`` shows the grid::
+
+    select(record) -> float                 a finished run's validation score (its
+                                            done.json), higher is better
+    summarize(config, records) -> dict      one cell's summary from its finished runs'
+                                            records, best first (what the table shows)
+    table(results) -> str                   our table beside the paper's, Markdown
+    plots(results, out) -> [Path]           reproduce's result plots (skipped with a
+                                            notice without matplotlib)
+    """
+
+    select: Callable[[Record], float] = best_on_validation  # ranks a cell's runs
+    summarize: Callable[[C, Sequence[Record]], dict[str, Any]] = best_run_scores  # per cell
+    table: Callable[[Results], str] | None = None  # None: scores_table(results, paper)
+    paper: Mapping[str, Any] = field(default_factory=dict)  # the paper's table as JSON
+    plots: Callable[[Results, Path], list[Path]] | None = None  # None: no plots
+    reproduce_also: tuple[str, ...] = ()  # recipes `reproduce` runs too, into <out>/<name>
+
+    def format_table(self, results: Results) -> str:
+        """Our table beside the paper's (Markdown)."""
+        return self.table(results) if self.table is not None else scores_table(results, self.paper)
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The commands besides ``train`` and ``reproduce``; one whose function is ``None`` is not
+    generated. Each ``..._options`` is a dataclass whose fields are the command's flags::
+
+        viz(checkpoint, options, out) -> [Path]     plots of a trained model; files written
+        parse(run, sentences, device) -> [str]      one output text per tokenised sentence
+        data(options)                               writes a generated data set
+    """
+
+    eval_options: type = NoOptions  # the flags of `eval` (Recipe.evaluate's `options`)
+    viz: Callable[[Path, Any, Path | None], list[Path]] | None = None  # `structattn viz`
+    viz_options: type = NoOptions  # the flags of `viz`
+    parse: Callable[[Path, Sequence[Sequence[str]], str], list[str]] | None = None  # `parse`
+    data: Callable[[Any], None] | None = None  # `structattn data`
+    data_options: type = NoOptions  # the flags of `data`
+
+
+def _viz_needs() -> dict[str, tuple[str, ...]]:
+    return {"viz": ("matplotlib",)}
+
+
+@dataclass(frozen=True)
+class Recipe(Generic[C]):
+    """A paper experiment as a record of functions (see the module docstring)."""
 
     name: str  # command-line name, e.g. "tree-transduction"
     summary: str  # one line: paper, section, what is measured
-    config: type  # config dataclass (paper defaults, a `train: TrainConfig` field)
-    variant: str  # the config field that selects the model variant, e.g. "attention"
-    variants: tuple[str, ...]  # its values
-    presets: Mapping[str, Preset]  # at least "paper", "cpu" and "quick"
-    train: Callable[[Any, Path, bool], dict[str, Any]]  # (config, run_dir, resume) -> fit summary
-    score: Callable[[Any, Path], dict[str, Any]]  # (config, run_dir) -> {"valid", "test"}
+    config: type[C]  # config dataclass: paper defaults, `train: TrainConfig`, maybe `runs: int`
+    presets: Mapping[str, Preset[C]]  # at least "paper", "cpu" and "quick"
+    grid: tuple[GridAxis, ...]  # reproduce's grid; its last axis is the model variant
+    train: Callable[[C, Path, bool], dict[str, Any]]  # (config, run_dir, resume) -> fit summary
+    score: Callable[[C, Path], dict[str, Any]]  # (config, run_dir) -> {"valid", "test"}
     evaluate: Callable[[Path, Any, str, Path | None], str]  # (run, options, device, jsonl) -> text
-    eval_options: type = NoOptions  # dataclass: eval's own flags
-    select: Callable[[Mapping[str, Any]], float] = best_on_validation  # record -> valid. score
-    summarize: Callable[[Any, Sequence[Mapping[str, Any]]], dict[str, Any]] = best_run_scores
-    cell_dir: Callable[[Any], str] | None = None  # config -> dir below --out (default: variant)
-    grid: tuple[GridAxis, ...] = ()  # reproduce's grid (default: --variants over the variants)
-    table: Callable[[Mapping[tuple[Any, ...], Mapping[str, Any]]], str] | None = None  # ours
-    # beside the paper's, Markdown (default: scores_table)
-    paper: Mapping[str, Any] = field(default_factory=dict)  # the paper's table as JSON
-    viz: Callable[[Path, Any, Path | None], list[Path]] | None = None  # (checkpoint, options,
-    # out) -> files written
-    viz_options: type = NoOptions  # dataclass: viz's own flags
-    data: Callable[[Any], None] | None = None  # `structattn data <name>` (generated data sets)
-    parse: Callable[[Path, Sequence[Sequence[str]], str], list[str]] | None = None  # `structattn
-    # parse <name>`: (run, tokenised sentences, device) -> one output text per sentence
-    data_options: type = NoOptions  # dataclass: data's flags
-    multi_run: bool = False  # True: `train` trains config.runs seeded runs into out/run_NN
-    plots: Callable[[Mapping[tuple[Any, ...], Mapping[str, Any]], Path], list[Path]] | None = (
-        None  # reproduce's result plots (skipped with a notice without matplotlib)
-    )
-    needs: Mapping[str, tuple[str, ...]] = field(  # command -> modules it cannot run without
-        default_factory=lambda: {"viz": ("matplotlib",)}
-    )
-    reproduce_also: tuple[str, ...] = ()  # recipes whose tables `reproduce` makes too, with the
-    # same preset, into <out>/<name> (e.g. mfa -> mfa-lm: one command for the paper's tables)
-    resumable: frozenset[str] = frozenset()  # config fields `--resume` may change besides
-    # RESUMABLE's (e.g. how many runs, how the test set is scored)
+    cell_dir: Callable[[C], str] | None = None  # config -> dir below --out (None: the variant)
+    resumable: frozenset[str] = frozenset()  # what `--resume` may change besides RESUMABLE
+    needs: Mapping[str, tuple[str, ...]] = field(default_factory=_viz_needs)  # command -> modules
+    report: Reporting[C] = field(default_factory=Reporting)  # selection, summaries, tables, plots
+    tools: Tools = field(default_factory=Tools)  # eval's flags; viz, parse, data commands
 
     def __post_init__(self) -> None:
         missing = {"paper", "cpu", "quick"} - set(self.presets)
         if missing:
             raise ValueError(f"recipe {self.name!r}: presets {sorted(missing)} are missing")
         names = {f.name for f in fields(self.config)}
-        if not self.variants or self.variant not in names:
-            raise ValueError(f"recipe {self.name!r}: `variant` must name a config field")
+        if not self.grid or any(axis.field not in names for axis in self.grid):
+            raise ValueError(f"recipe {self.name!r}: every `grid` axis must name a config field")
         if "train" not in names:
             raise ValueError(f"recipe {self.name!r}: the config needs a `train: TrainConfig`")
-        if self.multi_run and "runs" not in names:
-            raise ValueError(f"recipe {self.name!r}: multi_run needs a `runs` config field")
-        if self.cell_dir is None:
-            variant = self.variant
-            object.__setattr__(self, "cell_dir", lambda config: str(getattr(config, variant)))
-        if not self.grid:
-            axis = GridAxis("variants", self.variant, tuple(self.variants))
-            object.__setattr__(self, "grid", (axis,))
-        if self.table is None:
-            paper = self.paper
-            object.__setattr__(self, "table", lambda results: scores_table(results, paper))
 
-    def cell(self, config: Any) -> str:
+    @property
+    def variant(self) -> GridAxis:
+        """The config field that selects the model and its values: the grid's last axis."""
+        return self.grid[-1]
+
+    @property
+    def multi_run(self) -> bool:
+        """A cell is ``config.runs`` seeded runs (``run_NN``): the config has a ``runs`` field."""
+        return any(f.name == "runs" for f in fields(self.config))
+
+    def cell(self, config: C) -> str:
         """The directory of ``config``'s cell below an output directory."""
-        assert self.cell_dir is not None
-        return self.cell_dir(config)
-
-    def format_table(self, results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-        """Our table beside the paper's (Markdown)."""
-        assert self.table is not None
-        return self.table(results)
+        if self.cell_dir is not None:
+            return self.cell_dir(config)
+        return str(getattr(config, self.variant.field))

@@ -43,8 +43,9 @@ from ._lm import (
     perplexity_bars,
     use_rnn_lr,
 )
-from .base import Preset, Recipe, markdown_table
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import replace_path
+from .tables import markdown_table
 
 __all__ = [
     "MODELS",
@@ -246,25 +247,24 @@ RECIPE = Recipe(
     name="lstmn-lm",
     summary="LSTMN 5.1, Table 1 / Figure 4: PTB language modelling, RNN / LSTM / LSTMN",
     config=LSTMNLMConfig,
-    variant="model",
-    variants=MODELS,
     presets={
         "paper": Preset(LSTMNLMConfig(), "sec. 5.1: emb 150, hidden 300, SGD 0.65, 30 epochs"),
         "cpu": Preset(_CPU, "the paper's models on the whole PTB, 2 epochs each"),
         "quick": Preset(_QUICK, "seconds: 400 training tokens, tiny model (smoke tests)"),
     },
+    grid=(GridAxis("variants", "model", MODELS),),
     train=PARTS.train,
     score=PARTS.score,
     evaluate=PARTS.evaluate,
-    eval_options=LMEvalOptions,
-    table=_table,
-    paper={
-        "source": "Cheng et al. 2016, Table 1 (PTB test perplexity)",
-        **{m: {"perplexity": v} for m, v in PAPER_TABLE1.items()},
-        "others": {"KN5": 141.0},
-    },
-    viz=_viz,
-    viz_options=VizOptions,
-    plots=_plots,
     resumable=frozenset({"lm.test_batch_size"}),
+    report=Reporting(
+        table=_table,
+        paper={
+            "source": "Cheng et al. 2016, Table 1 (PTB test perplexity)",
+            **{m: {"perplexity": v} for m, v in PAPER_TABLE1.items()},
+            "others": {"KN5": 141.0},
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=LMEvalOptions, viz=_viz, viz_options=VizOptions),
 )

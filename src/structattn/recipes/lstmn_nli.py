@@ -46,19 +46,11 @@ from ..data.embeddings import build_embedding_matrix, read_word_vectors
 from ..models.lstmn_text import PAIR_MODELS, PairClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import (
-    GridAxis,
-    Preset,
-    Recipe,
-    accuracy_metric,
-    load_vocabulary_run,
-    markdown_table,
-    mean_std_text,
-    seed_summary,
-    valid_accuracy,
-)
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_to_dict, replace_path
 from .nli import NLIConfig, load_data, write_predictions
+from .runs import load_vocabulary_run
+from .tables import accuracy_metric, markdown_table, mean_std_text, seed_summary, valid_accuracy
 
 __all__ = [
     "PAPER_TABLE3",
@@ -431,31 +423,28 @@ RECIPE = Recipe(
     name="lstmn-nli",
     summary="LSTMN 5.3, Table 3: NLI (SICK / SNLI dev) with LSTM, LSTMN, shallow / deep fusion",
     config=LSTMNNLIConfig,
-    variant="model",
-    variants=MODELS,
     presets={
         "paper": Preset(LSTMNNLIConfig(), "sec. 5.3: Adam 1e-3, batch 32, h 100 (grid 100-450)"),
         "cpu": Preset(_CPU, "the paper's settings on SICK, 5 epochs, 2 seeds per cell"),
         "quick": Preset(_QUICK, "seconds: 40 pairs, tiny model"),
     },
-    train=train,
-    score=score,
-    select=valid_accuracy,
-    summarize=_summarize,
-    cell_dir=lambda config: f"{config.dataset}/h{config.hidden_size}/{config.model}",
     grid=(
         GridAxis("sizes", "hidden_size", HIDDEN_SIZES),
         GridAxis("models", "model", MODELS),
     ),
-    table=_table,
-    paper={
-        "source": "Cheng et al. 2016, Table 3 (SNLI test accuracy %, by hidden size)",
-        **{m: {str(h): v for h, v in row.items()} for m, row in PAPER_TABLE3.items()},
-    },
+    train=train,
+    score=score,
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    multi_run=True,
-    plots=_plots,
+    cell_dir=lambda config: f"{config.dataset}/h{config.hidden_size}/{config.model}",
+    report=Reporting(
+        select=valid_accuracy,
+        summarize=_summarize,
+        table=_table,
+        paper={
+            "source": "Cheng et al. 2016, Table 3 (SNLI test accuracy %, by hidden size)",
+            **{m: {str(h): v for h, v in row.items()} for m, row in PAPER_TABLE3.items()},
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

@@ -47,18 +47,10 @@ from ..data.embeddings import build_embedding_matrix, default_glove_path, read_w
 from ..models.lstmn_text import SentenceClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import (
-    GridAxis,
-    Preset,
-    Recipe,
-    accuracy_metric,
-    load_vocabulary_run,
-    markdown_table,
-    mean_std_text,
-    seed_summary,
-    valid_accuracy,
-)
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_to_dict, replace_path
+from .runs import load_vocabulary_run
+from .tables import accuracy_metric, markdown_table, mean_std_text, seed_summary, valid_accuracy
 
 __all__ = [
     "MODELS",
@@ -423,28 +415,25 @@ RECIPE = Recipe(
     name="lstmn-sst",
     summary="LSTMN 5.2, Table 2: SST sentiment, fine-grained and binary, LSTM vs LSTMN",
     config=LSTMNSSTConfig,
-    variant="model",
-    variants=MODELS,
     presets={
         "paper": Preset(LSTMNSSTConfig(), "sec. 5.2: hidden 168, Adam 2e-3, batch 5, 5 seeds"),
         "cpu": Preset(_CPU, "the paper's settings, 3 epochs, 3 seeds per cell"),
         "quick": Preset(_QUICK, "seconds: 30 sentences, tiny model, 2 seeds"),
     },
+    grid=(GridAxis("tasks", "task", TASKS), GridAxis("models", "model", MODELS)),
     train=train,
     score=score,
-    select=valid_accuracy,
-    summarize=_summarize,
-    cell_dir=lambda config: f"{config.task}/{config.model}",
-    grid=(GridAxis("tasks", "task", TASKS), GridAxis("models", "model", MODELS)),
-    table=_table,
-    paper={
-        "source": "Cheng et al. 2016, Table 2 (accuracy %, fine-grained / binary)",
-        **{m: {"fine": v[0], "binary": v[1]} for m, v in PAPER_TABLE2.items()},
-    },
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    multi_run=True,
-    plots=_plots,
+    cell_dir=lambda config: f"{config.task}/{config.model}",
+    report=Reporting(
+        select=valid_accuracy,
+        summarize=_summarize,
+        table=_table,
+        paper={
+            "source": "Cheng et al. 2016, Table 2 (accuracy %, fine-grained / binary)",
+            **{m: {"fine": v[0], "binary": v[1]} for m, v in PAPER_TABLE2.items()},
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

@@ -57,7 +57,7 @@ from ..models.seq2seq import sequence_nll, source_lengths
 from ..structs.mean_field import mean_field_free_energy, mean_field_marginals
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict
 
 __all__ = [
@@ -966,32 +966,33 @@ RECIPE = Recipe(
     summary="Liu et al., Table 1 / Figures 1-4: chunk counting and sorting with mean-field "
     "CRF attention vs RNN, LSTM, BiLSTM, softmax and variational attention",
     config=MFAConfig,
-    variant="model",
-    variants=TABLE_MODELS,
     presets={
         "paper": Preset(_PAPER, "the paper's data (100K examples), our model sizes, 10 epochs"),
         "cpu": Preset(_CPU, "20K training examples, 5 epochs, 3 runs per cell (interleaved)"),
         "quick": Preset(_QUICK, "seconds: 64 sorting examples, tiny MFA_2 (smoke tests)"),
     },
+    grid=(GridAxis("tasks", "task", TASKS), GridAxis("models", "model", TABLE_MODELS)),
     train=train,
     score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=_cell_dir,
-    grid=(GridAxis("tasks", "task", TASKS), GridAxis("models", "model", TABLE_MODELS)),
-    table=format_table,
-    paper={
-        "source": "Liu et al., Table 1 (counting MSE, sorting NLL as printed)",
-        "counting": {m: v[0] for m, v in PAPER_TABLE1.items()},
-        "sorting": {m: v[1] for m, v in PAPER_TABLE1.items()},
-    },
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    data=_data,
-    data_options=DataOptions,
-    multi_run=True,
-    plots=_plots,
-    reproduce_also=("mfa-lm",),  # Tables 2-3 (language modelling) are their own recipe
+    cell_dir=_cell_dir,
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=format_table,
+        paper={
+            "source": "Liu et al., Table 1 (counting MSE, sorting NLL as printed)",
+            "counting": {m: v[0] for m, v in PAPER_TABLE1.items()},
+            "sorting": {m: v[1] for m, v in PAPER_TABLE1.items()},
+        },
+        plots=_plots,
+        reproduce_also=("mfa-lm",),  # Tables 2-3 (language modelling) are their own recipe
+    ),
+    tools=Tools(
+        eval_options=EvalOptions,
+        viz=_viz,
+        viz_options=VizOptions,
+        data=_data,
+        data_options=DataOptions,
+    ),
 )

@@ -27,8 +27,9 @@ from ..models.language_model import RNNLanguageModel
 from ..models.mean_field_lm import MeanFieldLanguageModel
 from ..training import TrainConfig
 from ._lm import PAPER_LM_TRAIN, RNN_LR, LMEvalOptions, LMRecipeParts, LMSettings, use_rnn_lr
-from .base import GridAxis, Preset, Recipe, markdown_table
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import replace_path
+from .tables import markdown_table
 
 __all__ = ["MODELS", "PAPER_TABLES", "PARTS", "RECIPE", "MFALMConfig", "build_model"]
 
@@ -138,8 +139,6 @@ RECIPE = Recipe(
     summary="Liu et al. C.3, Tables 2-3: PTB / WikiText-2 language modelling, RNN / LSTM / "
     "LSTM with mean-field attention",
     config=MFALMConfig,
-    variant="model",
-    variants=MODELS,
     presets={
         "paper": Preset(MFALMConfig(), "whole corpora, emb/hidden 200, SGD, 20 epochs"),
         "cpu": Preset(
@@ -149,19 +148,21 @@ RECIPE = Recipe(
         ),
         "quick": Preset(_QUICK, "seconds: 400 training tokens, tiny models (smoke tests)"),
     },
+    grid=(GridAxis("corpora", "corpus", CORPORA), GridAxis("models", "model", MODELS)),
     train=PARTS.train,
     score=PARTS.score,
     evaluate=PARTS.evaluate,
-    eval_options=LMEvalOptions,
     cell_dir=lambda config: f"{config.corpus}/{config.model}",
-    grid=(GridAxis("corpora", "corpus", CORPORA), GridAxis("models", "model", MODELS)),
-    table=_table,
-    paper={
-        "source": "Liu et al., Tables 2-3 (test and validation perplexity)",
-        **{
-            c: {m: {"perplexity": v[0], "valid": v[1]} for m, v in t.items()}
-            for c, t in PAPER_TABLES.items()
-        },
-    },  # fmt: skip
     resumable=frozenset({"lm.test_batch_size"}),
+    report=Reporting(
+        table=_table,
+        paper={
+            "source": "Liu et al., Tables 2-3 (test and validation perplexity)",
+            **{
+                c: {m: {"perplexity": v[0], "valid": v[1]} for m, v in t.items()}
+                for c, t in PAPER_TABLES.items()
+            },
+        },
+    ),
+    tools=Tools(eval_options=LMEvalOptions),
 )

@@ -50,8 +50,9 @@ from ..metrics import paired_bootstrap
 from ..models.nli import DecomposableAttention
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe, accuracy_metric, markdown_table, valid_accuracy
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
+from .tables import accuracy_metric, markdown_table, valid_accuracy
 
 __all__ = [
     "EncodedPairs",
@@ -805,8 +806,6 @@ RECIPE = Recipe(
     summary="SAN 4.4, Table 5: NLI (decomposable attention) with none / hard-parent / simple "
     "/ structured / pretrained intra-sentence attention, on SICK or SNLI dev",
     config=NLIConfig,
-    variant="attention",
-    variants=VARIANTS,
     presets={
         "paper": Preset(
             NLIConfig(parser="runs/parser/non-projective"),
@@ -819,21 +818,20 @@ RECIPE = Recipe(
         ),
         "quick": Preset(_QUICK, "seconds: 64 training pairs, 1 epoch, tiny model"),
     },
-    train=train,
-    score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=_cell_dir,
     grid=(
         GridAxis("datasets", "dataset", ("sick",)),
         GridAxis("variants", "attention", VARIANTS),
     ),
-    table=format_table,
-    paper={"source": "Kim et al. 2017, Table 5 (SNLI test accuracy %)", "cells": PAPER_TABLE5},
+    train=train,
+    score=score,
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    multi_run=True,
-    plots=_plots,
+    cell_dir=_cell_dir,
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=format_table,
+        paper={"source": "Kim et al. 2017, Table 5 (SNLI test accuracy %)", "cells": PAPER_TABLE5},
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

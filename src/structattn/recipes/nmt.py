@@ -48,7 +48,7 @@ from ..models.seq2seq import sequence_nll
 from ..names import MemoryStructure
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
@@ -840,35 +840,33 @@ RECIPE = Recipe(
     name="nmt",
     summary="SAN 4.2, Table 3: ja->en NMT, char/word source x simple/sigmoid/structured attention",
     config=NMTConfig,
-    variant="attention",
-    variants=VARIANTS,
     presets={
         "paper": Preset(NMTConfig(), "Appendix A.3: 2x500 LSTMs, batch 128, 30 epochs"),
         "cpu": Preset(CPU_CONFIG, "2x128 LSTMs, batch 64, 15 epochs (the table: ~1 h, 2 cores)", 2),
         "quick": Preset(QUICK_CONFIG, "seconds: 64 pairs, 1 epoch, tiny model (smoke tests)"),
     },
+    grid=(GridAxis("sources", "source", SOURCES), GridAxis("variants", "attention", VARIANTS)),
     train=train,
     score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=lambda config: f"{config.source}-{config.attention}",
-    grid=(GridAxis("sources", "source", SOURCES), GridAxis("variants", "attention", VARIANTS)),
-    table=_table,
-    paper={
-        "source": "Kim et al. 2017, Table 3 (WAT ja-en)",
-        "metric": "BLEU",
-        "bleu": PAPER_TABLE,
-    },  # fmt: skip
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    plots=_plots,
+    cell_dir=lambda config: f"{config.source}-{config.attention}",
+    resumable=frozenset({"beam_size", "test_size"}),
     needs={
         "viz": ("matplotlib",),
         "train": ("sacrebleu",),
         "reproduce": ("sacrebleu",),
         "eval": ("sacrebleu",),
-    },  # fmt: skip
-    resumable=frozenset({"beam_size", "test_size"}),
+    },
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=_table,
+        paper={
+            "source": "Kim et al. 2017, Table 3 (WAT ja-en)",
+            "metric": "BLEU",
+            "bleu": PAPER_TABLE,
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

@@ -49,8 +49,9 @@ from ..distributions import (
 from ..names import TreeStructure
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe, markdown_table
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
+from .tables import markdown_table
 
 __all__ = [
     "RECIPE",
@@ -792,8 +793,6 @@ RECIPE = Recipe(
     summary="Dependency parser on UD English-EWT (tree-CRF NLL; the NLI recipe's pipeline "
     "and pretraining parser): UAS dev / test",
     config=ParserConfig,
-    variant="loss",
-    variants=LOSSES,
     presets={
         "paper": Preset(ParserConfig(), "sec. 4.4: hidden 300, 1 epoch of Adam 0.01"),
         "cpu": Preset(
@@ -804,16 +803,15 @@ RECIPE = Recipe(
         ),
         "quick": Preset(_QUICK, "seconds: 64 sentences, 1 epoch, tiny model"),
     },
+    grid=(GridAxis("losses", "loss", LOSSES),),
     train=train,
     score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=lambda config: config.loss,
-    grid=(GridAxis("losses", "loss", LOSSES),),
-    table=format_table,
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    parse=_parse,
+    cell_dir=lambda config: config.loss,
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=format_table,
+    ),
+    tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions, parse=_parse),
 )

@@ -64,8 +64,9 @@ from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
 from ..training import TrainConfig
 from . import runs
 from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus, perplexity_bars
-from .base import Preset, Recipe, markdown_table
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import replace_path
+from .tables import markdown_table
 
 __all__ = [
     "MODELS",
@@ -540,8 +541,6 @@ RECIPE = Recipe(
     name="prpn",
     summary="PRPN (Shen et al. 2018): PTB perplexity and WSJ10 unsupervised parsing UF1",
     config=PRPNRecipeConfig,
-    variant="model",
-    variants=MODELS,
     presets={
         "paper": Preset(
             PRPNRecipeConfig(), "main_LM.py: emb 800, hidden 1200, 2 layers, Adam, 100 epochs"
@@ -549,20 +548,20 @@ RECIPE = Recipe(
         "cpu": Preset(_CPU, "emb = hidden 200, 1 layer, whole PTB, 2 epochs per model"),
         "quick": Preset(_QUICK, "seconds: 400 training tokens, tiny model (smoke tests)"),
     },
+    grid=(GridAxis("variants", "model", MODELS),),
     train=PARTS.train,
     score=score,
     evaluate=evaluate,
-    eval_options=PRPNEvalOptions,
-    table=_table,
-    paper={
-        "source": "PRPN notes (Shen et al. 2018): Table 1 PTB test ppl, Table 2 WSJ10 UF1",
-        **{m: {"perplexity": v} for m, v in PAPER_TABLE1.items()},
-        "wsj10": PAPER_TABLE2,
-    },
-    viz=_viz,
-    viz_options=VizOptions,
-    parse=_parse,
-    plots=_plots,
-    needs={"viz": ("matplotlib", "nltk"), "train": ("nltk",), "reproduce": ("nltk",)},
     resumable=frozenset({"lm.test_batch_size"}),
+    needs={"viz": ("matplotlib", "nltk"), "train": ("nltk",), "reproduce": ("nltk",)},
+    report=Reporting(
+        table=_table,
+        paper={
+            "source": "PRPN notes (Shen et al. 2018): Table 1 PTB test ppl, Table 2 WSJ10 UF1",
+            **{m: {"perplexity": v} for m, v in PAPER_TABLE1.items()},
+            "wsj10": PAPER_TABLE2,
+        },
+        plots=_plots,
+    ),
+    tools=Tools(eval_options=PRPNEvalOptions, viz=_viz, viz_options=VizOptions, parse=_parse),
 )

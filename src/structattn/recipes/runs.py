@@ -1,5 +1,6 @@
 """Run orchestration shared by every recipe: run directories, seeded runs in parallel,
-resume, best-run selection, summaries, ``reproduce`` grids, results files and tables.
+resume, best-run selection, summaries, ``reproduce`` grids, results files and tables, and
+loading a trained run back (:func:`resolve_run`, :func:`load_vocabulary_run`).
 
 A *run directory* holds one trained model (``fit``'s files) and, once scored, ``done.json``
 (its record: seed, seconds, fit summary, validation and test scores). Its state is ``new``
@@ -29,19 +30,21 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
 from ..io import atomic_write_text
-from .base import RESUMABLE, Recipe, markdown_table
+from .base import RESUMABLE, Recipe, RecipeConfig
 from .config import config_from_dict, config_to_dict, replace_path
+from .tables import markdown_table
 
 __all__ = [
     "RunJob",
     "available_cores",
     "execute",
     "final_train_loss",
+    "load_vocabulary_run",
     "markdown_table",
     "plan_runs",
     "rank",
@@ -55,6 +58,7 @@ __all__ = [
     "write_jsonl",
 ]
 
+C = TypeVar("C", bound=RecipeConfig)  # a recipe's config dataclass
 RunState = Literal["new", "partial", "done"]
 _RUN_FILES = ("done.json", "checkpoint.pt", "model.pt", "config.json", "metrics.jsonl")
 _CELL_FILES = ("summary.json", "test_predictions.jsonl")
@@ -98,29 +102,29 @@ def _delete_run(run_dir: Path) -> None:
 
 
 @dataclass(frozen=True)
-class RunJob:
+class RunJob(Generic[C]):
     """One run to train: the recipe, its config (``train.seed`` = the run's seed), where."""
 
     recipe: str  # registered name
-    config: Any  # the run's config
+    config: C  # the run's config
     run_dir: Path  # its run directory
     resume: bool  # continue from run_dir/checkpoint.pt
 
 
-def _cell_runs(recipe: Recipe, config: Any, out_dir: Path) -> list[tuple[Path, Any]]:
-    """(run dir, run config) of every run of a cell."""
+def _cell_runs(recipe: Recipe[C], config: C, out_dir: Path) -> list[tuple[Path, C]]:
+    """(run dir, run config) of every run of a cell (a multi-run config's ``runs``)."""
     if not recipe.multi_run:
         return [(out_dir, config)]
     seed = config.train.seed
     return [
         (out_dir / f"run_{r:02d}", replace_path(config, {"train.seed": seed + r}))
-        for r in range(config.runs)
+        for r in range(int(getattr(config, "runs", 1)))
     ]
 
 
 def plan_runs(
-    recipe: Recipe, config: Any, out_dir: str | os.PathLike[str], resume: bool, force: bool
-) -> list[RunJob]:
+    recipe: Recipe[C], config: C, out_dir: str | os.PathLike[str], resume: bool, force: bool
+) -> list[RunJob[C]]:
     """The runs of a cell still to train. An existing run is an error unless ``resume``
     (finished runs kept, partial ones continued) or ``force`` (deleted and retrained)."""
     if resume and force:
@@ -158,7 +162,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: value}
 
 
-def _check_same_config(recipe: Recipe, config: Any, run_dir: Path) -> None:
+def _check_same_config(recipe: Recipe[C], config: C, run_dir: Path) -> None:
     """``--resume`` continues a run only with the config it was started with (up to the
     fields in ``RESUMABLE``, ``recipe.resumable`` and the number of runs)."""
     path = run_dir / "config.json"
@@ -193,7 +197,7 @@ def final_train_loss(run_dir: str | os.PathLike[str]) -> float | None:
     return last
 
 
-def run_one(recipe: Recipe, job: RunJob) -> dict[str, Any] | None:
+def run_one(recipe: Recipe[C], job: RunJob[C]) -> dict[str, Any] | None:
     """Train and score one run; write and return its ``done.json`` record (``None`` on
     ranks > 0 under torchrun, which only train)."""
     started = time.time()
@@ -232,10 +236,10 @@ def _worker(module: str, name: str, config: dict[str, Any], run_dir: str, resume
 
 
 def execute(
-    recipe: Recipe,
-    jobs: Sequence[RunJob],
+    recipe: Recipe[C],
+    jobs: Sequence[RunJob[C]],
     workers: int = 1,
-    on_done: Callable[[RunJob], None] | None = None,
+    on_done: Callable[[RunJob[C]], None] | None = None,
     progress: bool = False,
 ) -> None:
     """Train ``jobs``, ``workers`` processes at a time; the torch threads (``--threads``, or
@@ -249,7 +253,7 @@ def execute(
         except ImportError:
             bar = None
 
-    def finished(job: RunJob) -> None:
+    def finished(job: RunJob[C]) -> None:
         if on_done is not None:
             on_done(job)
         if bar is not None:
@@ -264,7 +268,7 @@ def execute(
         threads = max(1, torch.get_num_threads() // workers)
         module = recipe.train.__module__
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            futures: dict[Future[Any], RunJob] = {}
+            futures: dict[Future[Any], RunJob[C]] = {}
             queue = list(jobs)
             while queue or futures:
                 while queue and len(futures) < 2 * workers:
@@ -282,7 +286,7 @@ def execute(
 
 
 # ---- cells -----------------------------------------------------------------------------------
-def read_records(recipe: Recipe, out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_records(recipe: Recipe[C], out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The ``done.json`` records of a cell's finished runs, best on validation first (records
     written before ``final_train_loss`` was kept get it from the run's ``metrics.jsonl``)."""
     out = Path(out_dir)
@@ -294,11 +298,11 @@ def read_records(recipe: Recipe, out_dir: str | os.PathLike[str]) -> list[dict[s
             if "final_train_loss" not in record:
                 record["final_train_loss"] = final_train_loss(path.parent)
             records.append(record)
-    return sorted(records, key=recipe.select, reverse=True)
+    return sorted(records, key=recipe.report.select, reverse=True)
 
 
 def summarize_cell(
-    recipe: Recipe, config: Any, out_dir: str | os.PathLike[str], final: bool = True
+    recipe: Recipe[C], config: C, out_dir: str | os.PathLike[str], final: bool = True
 ) -> dict[str, Any] | None:
     """The cell's summary (``None`` before any run finished): the best run on validation and
     the recipe's numbers. Multi-run cells write ``summary.json`` and, when ``final``, copy the
@@ -310,7 +314,7 @@ def summarize_cell(
     summary = {
         "best_run": records[0]["run"],
         "runs": len(records),
-        **recipe.summarize(config, records),
+        **recipe.report.summarize(config, records),
         "seconds_per_run": sum(r["seconds"] for r in records) / len(records),
     }
     if recipe.multi_run:
@@ -338,8 +342,8 @@ def summarize_cell(
 
 
 def train_cell(
-    recipe: Recipe,
-    config: Any,
+    recipe: Recipe[C],
+    config: C,
     out_dir: str | os.PathLike[str],
     resume: bool = False,
     force: bool = False,
@@ -355,7 +359,7 @@ def train_cell(
     return summarize_cell(recipe, config, out_dir)
 
 
-def resolve_run(recipe: Recipe, checkpoint: str | os.PathLike[str]) -> Path:
+def resolve_run(recipe: Recipe[C], checkpoint: str | os.PathLike[str]) -> Path:
     """The run directory of ``checkpoint``: a run directory, its ``model.pt``, or a
     multi-run cell (its best run on validation)."""
     path = Path(checkpoint)
@@ -368,10 +372,34 @@ def resolve_run(recipe: Recipe, checkpoint: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"no trained model (model.pt) in {path}")
 
 
+def load_vocabulary_run(
+    run_dir: str | Path,
+    device: str,
+    recipe: str,
+    config_class: type[C],
+    build_model: Callable[[C, int, int], Any],
+) -> tuple[Any, Any, C, dict[str, Any]]:
+    """The best model of a run of a recipe whose checkpoints keep its word vocabulary and
+    embedding size in ``extra`` (``vocab``, ``embed_dim``): ``(model in eval mode on
+    device, WordVocabulary, config, extra)`` from one read of ``model.pt``; ``ValueError``
+    for another recipe's run. ``build_model(config, vocabulary size, embedding size)``."""
+    from ..data.classification import WordVocabulary
+    from ..training import load_model_state
+
+    state = load_model_state(run_dir)
+    if state["config"].get("recipe") != recipe:
+        raise ValueError(f"{run_dir} is not an {recipe} run ({state['config'].get('recipe')!r})")
+    config = config_from_dict(config_class, state["config"])
+    vocab = WordVocabulary.from_dict(state["extra"]["vocab"])
+    model = build_model(config, len(vocab), int(state["extra"]["embed_dim"]))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), vocab, config, state["extra"]
+
+
 # ---- reproduce --------------------------------------------------------------------------------
 def reproduce(
-    recipe: Recipe,
-    config: Any,
+    recipe: Recipe[C],
+    config: C,
     out_dir: str | os.PathLike[str],
     grid: Mapping[str, Sequence[Any]],
     resume: bool = False,
@@ -384,8 +412,8 @@ def reproduce(
     print our table beside the paper's (unless ``quiet``); returns the results payload."""
     out = Path(out_dir)
     fields = list(grid)
-    cells: dict[tuple[Any, ...], tuple[Any, Path]] = {}
-    per_cell: list[list[RunJob]] = []
+    cells: dict[tuple[Any, ...], tuple[C, Path]] = {}
+    per_cell: list[list[RunJob[C]]] = []
     for values in itertools.product(*(grid[f] for f in fields)):
         cell_config = replace_path(config, dict(zip(fields, values, strict=True)))
         cell_dir = out / recipe.cell(cell_config)
@@ -417,14 +445,14 @@ def reproduce(
                 {"cell": dict(zip(fields, key, strict=True)), "dir": str(cells[key][1]), **s}
                 for key, s in results.items()
             ],
-            "paper": recipe.paper,
+            "paper": recipe.report.paper,
             "seconds": time.time() - started,
         }
         write_json(out / "results.json", payload)
-        atomic_write_text(out / "table.md", recipe.format_table(results) + "\n")
+        atomic_write_text(out / "table.md", recipe.report.format_table(results) + "\n")
         return payload
 
-    def on_done(job: RunJob) -> None:
+    def on_done(job: RunJob[C]) -> None:
         key = by_dir[job.run_dir.parent if recipe.multi_run else job.run_dir]
         update(key, final=False)
         write()
@@ -437,10 +465,10 @@ def reproduce(
         update(key, final=True)
     payload = write()
     if not quiet:
-        print(recipe.format_table(results))
-        if recipe.plots is not None:
+        print(recipe.report.format_table(results))
+        if recipe.report.plots is not None:
             try:
-                for path in recipe.plots(results, out):
+                for path in recipe.report.plots(results, out):
                     print(f"plot written to {path}")
             except ImportError as error:
                 print(f"no plots: {error}", file=sys.stderr)

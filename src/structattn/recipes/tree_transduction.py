@@ -31,7 +31,7 @@ from ..models import StructuredSeq2Seq
 from ..names import ATTENTION_VARIANTS, AttentionVariant
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
-from .base import GridAxis, Preset, Recipe
+from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
@@ -552,34 +552,36 @@ RECIPE = Recipe(
     name="tree-transduction",
     summary="SAN 4.1, Table 1: prefix -> infix with none / simple / structured self-attention",
     config=TreeTransductionConfig,
-    variant="attention",
-    variants=VARIANTS,
     presets={
         "paper": Preset(TreeTransductionConfig(), "Appendix A.2: 13 epochs, 15K pairs"),
         "cpu": Preset(_CPU, "the paper's model and data, 5 epochs (minutes per model on a CPU)"),
         "demo": Preset(DEMO_CONFIG, "structattn demo: the cpu preset, quiet, 2 processes", 2),
         "quick": Preset(QUICK_CONFIG, "seconds: 60 pairs, 1 epoch, tiny model (smoke tests)"),
     },
+    grid=(GridAxis("variants", "attention", VARIANTS),),
     train=train,
     score=score,
-    select=_select,
-    summarize=_summarize,
-    cell_dir=lambda config: config.attention,
-    grid=(GridAxis("variants", "attention", VARIANTS),),
-    table=_table,
-    paper={
-        "source": "Kim et al. 2017, Table 1",
-        "metric": "% target tokens correct before the first error",
-        "per_depth": {
-            v: {str(d): PAPER_TABLE[d][i] for d in PAPER_TABLE} for i, v in enumerate(VARIANTS)
-        },
-    },
     evaluate=_evaluate,
-    eval_options=EvalOptions,
-    viz=_viz,
-    viz_options=VizOptions,
-    data=_data,
-    data_options=DataOptions,
-    plots=_plots,
+    cell_dir=lambda config: config.attention,
     resumable=frozenset({"beam_size", "test_size"}),
+    report=Reporting(
+        select=_select,
+        summarize=_summarize,
+        table=_table,
+        paper={
+            "source": "Kim et al. 2017, Table 1",
+            "metric": "% target tokens correct before the first error",
+            "per_depth": {
+                v: {str(d): PAPER_TABLE[d][i] for d in PAPER_TABLE} for i, v in enumerate(VARIANTS)
+            },
+        },
+        plots=_plots,
+    ),
+    tools=Tools(
+        eval_options=EvalOptions,
+        viz=_viz,
+        viz_options=VizOptions,
+        data=_data,
+        data_options=DataOptions,
+    ),
 )
