@@ -200,11 +200,13 @@ def nli(quick: bool, count: int) -> Comparison:
     import torch.nn.functional as F
 
     from structattn.data.classification import NLI_LABELS, LabelVocabulary
+    from structattn.data.nli import EncodedPairs
+    from structattn.models.nli import forward_batch
     from structattn.recipes import nli as recipe
 
     config = _preset(recipe.RECIPE, quick)
     splits, words, table = recipe.prepare(config)  # data, vocabulary, fixed GloVe table
-    train_set = recipe.EncodedPairs(splits["train"], words, LabelVocabulary(NLI_LABELS))
+    train_set = EncodedPairs(splits["train"], words, LabelVocabulary(NLI_LABELS))
     # the recipe's batches are drawn from buckets of similar premise lengths: the same here
     order = list(range(len(train_set)))
     random.Random(config.train.seed).shuffle(order)
@@ -215,7 +217,7 @@ def nli(quick: bool, count: int) -> Comparison:
     batches = [train_set.batch(picked[k : k + size], CPU) for k in range(0, count * size, size)]
 
     def loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, int]:
-        logits = recipe.forward_batch(model, batch).logits  # [B, 3]
+        logits = forward_batch(model, batch).logits  # [B, 3]
         n = int(batch["labels"].shape[0])
         return F.cross_entropy(logits, batch["labels"], reduction="sum"), n, n
 

@@ -20,6 +20,7 @@ from structattn.data.babi import (
     read_babi,
 )
 from structattn.models import MemoryQA
+from structattn.models.memory_qa import forward_batch
 from structattn.recipes import babi
 from structattn.training import Task, TrainConfig, fit
 
@@ -318,7 +319,7 @@ def test_fact_supervision_loss_is_the_gold_chains_nll(model: str, data_dir: Path
     assert batch.support is not None and batch.support.shape == (4, 2)
     assert batch.support.tolist() == [list(ex.support) for ex in examples]
     net = babi.build_model(config, vocab).double()
-    out = babi._forward(net, batch)
+    out = forward_batch(net, batch)
     if out.distribution is None:
         want = -sum(
             out.attention[b, k, f].log() for b, ex in enumerate(examples)

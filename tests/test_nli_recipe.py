@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from structattn.cli import main
+from structattn.data.classification import word_vocabulary
 from structattn.data.conllu import parse_conllu, read_conllu
 from structattn.models.nli import DecomposableAttention
+from structattn.models.parser import ArcParser, decode_heads, predict_heads
 from structattn.recipes import nli, parser, runs
 from structattn.recipes.config import replace_path
 
@@ -157,8 +159,8 @@ def _write_tree(tmp_path: Path) -> Path:
 def test_parser_loss_on_non_projective_trees_and_conllu_predictions(tmp_path: Path) -> None:
     sentences = read_conllu(_write_tree(tmp_path)) * 3
     table = torch.randn(6, 4)
-    words = parser.word_vocabulary([s.words for s in sentences])
-    model = parser.ArcParser(table, hidden_dim=8, parser_dim=4)
+    words = word_vocabulary([s.words for s in sentences])
+    model = ArcParser(table, hidden_dim=8, parser_dim=4)
     from structattn.data.conllu import heads_tensor
     from structattn.distributions import NonProjectiveDependencyCRF, structured_nll
 
@@ -178,10 +180,10 @@ def test_parser_loss_on_non_projective_trees_and_conllu_predictions(tmp_path: Pa
     scores = torch.full((1, 5, 5), -5.0)
     for m, h in enumerate(sentences[0].heads or (), start=1):
         scores[0, h, m] = 5.0
-    assert parser._decode(scores, torch.tensor([4]), "cle")[0].tolist() == [-1, 0, 1, 1, 2]
-    eisner = parser._decode(scores, torch.tensor([4]), "eisner")[0].tolist()
+    assert decode_heads(scores, torch.tensor([4]), "cle")[0].tolist() == [-1, 0, 1, 1, 2]
+    eisner = decode_heads(scores, torch.tensor([4]), "eisner")[0].tolist()
     assert eisner != [-1, 0, 1, 1, 2] and eisner[:3] == [-1, 0, 1]
-    assert parser.predict_heads(model, words, [s.words for s in sentences[:1]])[0][0] == 0
+    assert predict_heads(model, words, [s.words for s in sentences[:1]])[0][0] == 0
     out = tmp_path / "p.conllu"
     parser._write_predictions(out, sentences[:1], [[0, 1, 1, 1]])
     before, after = _write_tree(tmp_path).read_text(), out.read_text()

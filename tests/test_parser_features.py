@@ -11,6 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from structattn.models.parser import (
+    ArcParser,
+    WordFeatures,
+    encode_words,
+    parse_sentences,
+    predict_heads,
+)
 from structattn.recipes import parser
 from structattn.recipes.config import replace_path
 
@@ -53,7 +60,7 @@ def _write(folder: Path) -> None:
         (folder / f"en_ewt-ud-{split}.conllu").write_text(text)
 
 
-def _model(dropout: float = 0.0) -> tuple[parser.ArcParser, parser.WordFeatures]:
+def _model(dropout: float = 0.0) -> tuple[ArcParser, WordFeatures]:
     from structattn.data.conllu import parse_conllu
 
     text = "".join(
@@ -67,7 +74,7 @@ def _model(dropout: float = 0.0) -> tuple[parser.ArcParser, parser.WordFeatures]
     train = parse_conllu(text, source="t")
     config = parser.ParserConfig(hidden_dim=8, parser_dim=4, word_min_count=1, char_dim=5,
                                  upos=True, dropout=dropout)  # fmt: skip
-    features = parser.WordFeatures.build(config, train)
+    features = WordFeatures.build(config, train)
     torch.manual_seed(0)
     return parser.build_model(config, torch.randn(20, 6), features), features
 
@@ -107,14 +114,14 @@ def test_missing_inputs_and_bad_values_are_errors() -> None:
                 {"dropout": 1.0}, {"word_dropout": -0.1}):  # fmt: skip
         with pytest.raises(ValueError, match=next(iter(bad))):
             parser.ParserConfig(**bad)  # type: ignore[arg-type]
-    again = parser.WordFeatures.from_dict(features.to_dict())
+    again = WordFeatures.from_dict(features.to_dict())
     assert again.to_dict() == features.to_dict()
-    assert parser.WordFeatures.from_dict(None).to_dict()["trained"] is None  # older runs
+    assert WordFeatures.from_dict(None).to_dict()["trained"] is None  # older runs
 
 
 def _train_tiny(
     tmp_path: Path, **fields: Any
-) -> tuple[parser.ParserConfig, parser.ArcParser, Any, parser.ParserConfig]:
+) -> tuple[parser.ParserConfig, ArcParser, Any, parser.ParserConfig]:
     """Train the quick preset with word vectors and ``fields`` on the toy treebank for 6
     epochs; -> (config, the loaded model, its words, its loaded config)."""
     _write(tmp_path / "data")
@@ -139,7 +146,7 @@ def test_a_tiny_parser_with_word_and_character_inputs_learns_a_tiny_treebank(
     scores, _ = parser.evaluate(model, words, dev, loaded)
     assert scores["uas"] > 80, scores  # chance (a random tree): about 40
     # any words: the saved vocabularies of the parser-side inputs are used again
-    heads = parser.parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"], ["new"]])
+    heads = parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"], ["new"]])
     assert heads == [[2, 3, 0], [0]]
 
 
@@ -155,10 +162,10 @@ def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
     assert scores["uas"] > 80, scores
     # evaluate scores the tagger from its one pass; tag_accuracy is the separate pass
     assert scores["upos_accuracy"] == pytest.approx(100 * parser.tag_accuracy(model, words, dev))
-    assert _ == parser.predict_heads(model, words, [s.words for s in dev])
+    assert _ == predict_heads(model, words, [s.words for s in dev])
     # the tagger's logits of a sentence do not depend on the batch's padding
     batch = dev[:3]
-    ids, lengths = parser._encode([s.words for s in batch], words, torch.device("cpu"))
+    ids, lengths = encode_words([s.words for s in batch], words, torch.device("cpu"))
     inputs = model.features.encode([s.words for s in batch], None, torch.device("cpu"))
     _, tags = model.scores_and_tags(ids, lengths, **inputs)
     assert tags is not None
@@ -169,7 +176,7 @@ def test_an_auxiliary_tagger_learns_upos_and_the_parser_still_reads_words_alone(
         assert alone is not None
         torch.testing.assert_close(alone[0], tags[b, :n])
     # the plain-sentence path needs no tags
-    assert len(parser.parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"]])[0]) == 3
+    assert len(parse_sentences(model, loaded, [["the", "zork3um", "blim2ed"]])[0]) == 3
     with pytest.raises(ValueError, match="upos_aux"):
         parser.ParserConfig(upos_aux=-1.0)
     plain, _ = _model()

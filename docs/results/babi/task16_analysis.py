@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from structattn.models.memory_qa import predict_answers
 from structattn.recipes import babi
 
 COLOURS = {"white", "green", "gray", "yellow"}
@@ -37,7 +38,7 @@ def steps(paths: list[str]) -> None:
         for run in runs:
             model, vocab, config = babi.load_trained(run / "model.pt")
             test = babi.load_data(config)[0]["test"]
-            _, facts, _ = babi.predict(model, test, vocab)
+            _, facts, _ = predict_answers(model, test, vocab)
             right, total = [0, 0, 0], 0
             for ex, chain in zip(test, facts, strict=True):
                 if len(ex.support) != 3 or None in ex.support:

@@ -42,7 +42,7 @@ import operator
 import os
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -51,23 +51,28 @@ from ..io import atomic_write_text, read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 __all__ = [
     "FACT_EXCLUDED_TASKS",
     "MEMORY_SIZE",
+    "MODEL_NAMES",
     "PAPER_HOPS",
     "PAPER_TABLE4",
     "PAPER_TABLE4_AVERAGE",
     "PAPER_TASKS",
     "SPLIT_NAMES",
+    "TABLE_ORDER",
     "BabiBatch",
     "BabiExample",
     "BabiVocabulary",
+    "EncodedQuestions",
     "answer_accuracy",
     "default_data_dir",
     "fact_sequence_accuracy",
     "load_task",
+    "padded_widths",
     "parse_babi_lines",
     "read_babi",
     "split_train_valid",
@@ -129,6 +134,16 @@ PAPER_TABLE4_AVERAGE: dict[str, tuple[float, float]] = {
 """The AVERAGE row of Table 4: (Ans % over the 12 tasks, Fact % over the 10 tasks). The rows
 above it give the same averages to rounding except MemN2N Fact %: they average to 36.65, not
 39.6 (as printed in the paper)."""
+
+TABLE_ORDER: tuple[str, ...] = ("memn2n", "binary-crf", "unary-crf")
+"""The models of Table 4 in the paper's column order (the ``babi`` recipe's variants)."""
+
+MODEL_NAMES: dict[str, str] = {
+    "memn2n": "MemN2N",
+    "binary-crf": "Binary CRF",
+    "unary-crf": "Unary CRF",
+}
+"""The paper's name of each model."""
 
 _LINE = re.compile(r"([0-9]+) (.*)", re.DOTALL)  # "ID text"
 _DROPPED = re.compile(r"[?.,]")  # punctuation split off and dropped by tokenize
@@ -469,6 +484,44 @@ class BabiVocabulary(TokenVocabulary):
             answer=torch.tensor([self.encode_answer(ex.answer) for ex in examples]).long(),
             support=support,
         )
+
+
+class EncodedQuestions:
+    """A split encoded once as padded tensors (:meth:`BabiVocabulary.encode_batch`);
+    ``batch(indices, device)`` slices it and trims the padding to the batch's longest."""
+
+    def __init__(self, examples: Sequence[BabiExample], vocab: BabiVocabulary) -> None:
+        self.full = vocab.encode_batch(examples)
+
+    def batch(self, indices: Sequence[int], device: torch.device) -> BabiBatch:
+        import torch
+
+        f = self.full
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        memory_lengths = f.memory_lengths[index]
+        slots = max(int(memory_lengths.max()), 1)
+        sentence_lengths = f.sentence_lengths[index, :slots]
+        width = max(int(sentence_lengths.max()), 1)
+        question_lengths = f.question_lengths[index]
+        qwidth = max(int(question_lengths.max()), 1)
+        return BabiBatch(
+            memory=f.memory[index, :slots, :width].to(device),
+            memory_lengths=memory_lengths.to(device),
+            sentence_lengths=sentence_lengths.to(device),
+            question=f.question[index, :qwidth].to(device),
+            question_lengths=question_lengths.to(device),
+            answer=f.answer[index].to(device),
+            support=None if f.support is None else f.support[index].to(device),
+        )
+
+
+def padded_widths(splits: Mapping[str, Sequence[BabiExample]]) -> tuple[int, int]:
+    """(longest memory sentence, longest question) in words over all splits: the fixed J of
+    the position encoding over padded widths (``position_encoding="padded"`` of ``babi``)."""
+    examples = [ex for split in splits.values() for ex in split]
+    sentence = max((len(s) for ex in examples for s in ex.memory), default=1)
+    question = max((len(ex.question) for ex in examples), default=1)
+    return max(sentence, 1), max(question, 1)
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -56,6 +56,7 @@ __all__ = [
     "SSTNode",
     "WordVocabulary",
     "default_classification_data_dir",
+    "length_buckets",
     "make_batches",
     "parse_sst_tree",
     "read_sick",
@@ -64,6 +65,7 @@ __all__ = [
     "read_sst",
     "split_holdout",
     "tokenize",
+    "word_vocabulary",
 ]
 
 NLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
@@ -200,6 +202,15 @@ class WordVocabulary(TokenVocabulary):
         return cls(cls.SPECIALS + tuple(words))
 
 
+def word_vocabulary(sentences: Iterable[Sequence[str]]) -> WordVocabulary:
+    """The words of tokenised ``sentences`` by decreasing count (``<pad>`` 0, ``<unk>`` 1
+    first; ties: first occurrence)."""
+    counts = Counter(w for s in sentences for w in s)
+    for special in WordVocabulary.SPECIALS:
+        counts.pop(special, None)
+    return WordVocabulary(WordVocabulary.SPECIALS + tuple(w for w, _ in counts.most_common()))
+
+
 # ----------------------------------------------------------------------------- batches
 
 
@@ -239,6 +250,23 @@ def _pad(rows: Sequence[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     for b, row in enumerate(rows):
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
     return ids, torch.tensor([len(r) for r in rows], dtype=torch.long)
+
+
+def length_buckets(
+    lengths: Sequence[int], batch_size: int, rng: random.Random, bucket_batches: int = 50
+) -> list[list[int]]:
+    """Training batches of indices into ``lengths``: shuffled with ``rng``, each run of
+    ``bucket_batches * batch_size`` indices sorted by length (less padding) and cut into
+    batches of at most ``batch_size``, then the batches shuffled with ``rng``."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    span = bucket_batches * batch_size
+    chunks: list[list[int]] = []
+    for start in range(0, len(order), span):
+        bucket = sorted(order[start : start + span], key=lengths.__getitem__)
+        chunks.extend(bucket[i : i + batch_size] for i in range(0, len(bucket), batch_size))
+    rng.shuffle(chunks)
+    return chunks
 
 
 def make_batches(
@@ -285,13 +313,8 @@ def make_batches(
         chunks = [positions[i : i + batch_size] for i in range(0, len(positions), batch_size)]
     elif order == "bucket":
         rng = random.Random(f"structattn.classification:{seed}")
-        rng.shuffle(positions)
-        chunks = []
-        span = bucket_batches * batch_size
-        for start in range(0, len(positions), span):
-            bucket = sorted(positions[start : start + span], key=size)
-            chunks.extend(bucket[i : i + batch_size] for i in range(0, len(bucket), batch_size))
-        rng.shuffle(chunks)
+        sizes = [size(i) for i in positions]
+        chunks = length_buckets(sizes, batch_size, rng, bucket_batches)
     else:
         raise ValueError(f"order must be 'bucket', 'sorted' or 'original', got {order!r}")
 

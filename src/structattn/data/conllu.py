@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..io import atomic_write_text, read_utf8, shared_data_dir
 
@@ -59,6 +59,7 @@ __all__ = [
     "AttachmentScores",
     "ConlluSentence",
     "attachment_scores",
+    "branching_heads",
     "check_tree",
     "conllu_stats",
     "default_ud_data_dir",
@@ -68,6 +69,7 @@ __all__ = [
     "non_projective_arcs",
     "parse_conllu",
     "read_conllu",
+    "uas_beside_branching",
     "write_conllu",
 ]
 
@@ -512,6 +514,30 @@ def attachment_scores(
         words=words,
         words_no_punct=words_np,
     )
+
+
+def branching_heads(length: int, direction: Literal["left", "right"]) -> list[int]:
+    """A chain: ``right`` = each word headed by the next (the last by ROOT), ``left`` = each
+    word headed by the previous one (the first by ROOT)."""
+    if direction == "right":
+        return [i + 2 for i in range(length - 1)] + [0]
+    return list(range(length))
+
+
+def uas_beside_branching(
+    gold: Sequence[ConlluSentence], predicted_heads: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """UAS (%, punctuation included and excluded) of ``predicted_heads`` (``"model"``) and of
+    right- and left-branching chains against the gold sentences, and their number."""
+    report: dict[str, Any] = {"sentences": len(gold)}
+    for name, heads in (
+        ("model", predicted_heads),
+        ("right-branching", [branching_heads(len(s), "right") for s in gold]),
+        ("left-branching", [branching_heads(len(s), "left") for s in gold]),
+    ):
+        scores = attachment_scores(gold, heads)
+        report[name] = {"uas": 100 * scores.uas, "uas_no_punct": 100 * scores.uas_no_punct}
+    return report
 
 
 def conllu_stats(sentences: Sequence[ConlluSentence]) -> dict[str, int]:

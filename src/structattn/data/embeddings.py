@@ -38,6 +38,7 @@ __all__ = [
     "WordVectors",
     "build_embedding_matrix",
     "default_glove_path",
+    "embedding_table",
     "read_word_vectors",
     "unknown_vectors",
     "word_bucket",
@@ -285,3 +286,20 @@ def build_embedding_matrix(
             tokens_covered += n if row is not None else 0
     coverage = EmbeddingCoverage(types, types_covered, n_tokens, tokens_covered)
     return EmbeddingMatrix(weight, pretrained, bucket, coverage)
+
+
+def embedding_table(
+    words: TokenVocabulary,
+    embeddings: str,
+    normalize: bool,
+    buckets: int,
+    counts: Mapping[str, int] | None = None,
+) -> EmbeddingMatrix:
+    """The fixed ``[V, E]`` table of ``words``: the vectors of ``embeddings`` ("" = the
+    shipped GloVe file), unknown words hashed to one of ``buckets`` Gaussian vectors. The
+    same word always gets the same row, so models over different vocabularies (the parser's,
+    the NLI model's) see the same inputs."""
+    vectors = read_word_vectors(embeddings or None, words=words.tokens)
+    return build_embedding_matrix(
+        words, vectors, counts=counts, normalize=normalize, unknown_buckets=buckets
+    )

@@ -4,6 +4,7 @@ from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_firs
 from .language_model import LM_CELLS, LanguageModel, RNNLanguageModel, detach_state
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
 from .nli import INTRA_ATTENTION, DecomposableAttention, NLIOutput
+from .parser import ArcParser, WordFeatures, parse_sentences, predict_heads
 from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
 from .seq2seq import (
     ATTENTIONS,
@@ -27,6 +28,7 @@ __all__ = [
     "MEMORY_MODELS",
     "SELF_ATTENTION",
     "INTRA_ATTENTION",
+    "ArcParser",
     "BeamResult",
     "DecomposableAttention",
     "NLIOutput",
@@ -45,11 +47,14 @@ __all__ = [
     "Seq2Seq",
     "Seq2SeqConfig",
     "StructuredSeq2Seq",
+    "WordFeatures",
     "beam_search",
     "detach_state",
     "greedy_search",
     "make_attention",
+    "parse_sentences",
     "position_encoding",
+    "predict_heads",
     "reorder_batch_first",
     "sequence_nll",
 ]

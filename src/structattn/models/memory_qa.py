@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MemoryCRFAttention, masked_softmax
 from ..attention.memory_crf import EdgeUnary, QueryMode
+from ..data.babi import BabiBatch, BabiExample, BabiVocabulary, EncodedQuestions
 from ..distributions import LinearChainCRF
 
 __all__ = [
@@ -23,7 +26,11 @@ __all__ = [
     "MemoryQAOutput",
     "TemporalInit",
     "Tying",
+    "fact_chains",
+    "fact_nll",
+    "forward_batch",
     "position_encoding",
+    "predict_answers",
 ]
 
 #: the models: MemN2N (softmax over the facts at each hop) and SAN's K-step fact CRFs
@@ -354,3 +361,83 @@ class MemoryQA(nn.Module):
             context = torch.einsum("bkm,bkmd->bd", scores, values)
         logits = (out.queries[:, -1] + context) @ answer_matrix.T
         return MemoryQAOutput(logits, out.marginals, out.distribution)
+
+
+def forward_batch(model: nn.Module, batch: BabiBatch) -> Any:
+    """The model's :class:`MemoryQAOutput` on one padded batch of questions."""
+    return model(
+        batch.memory,
+        batch.sentence_lengths,
+        batch.memory_lengths,
+        batch.question,
+        batch.question_lengths,
+    )
+
+
+def fact_nll(out: MemoryQAOutput, support: Tensor) -> Tensor:
+    """Summed -log p(gold fact sequence) of the questions whose gold sequence (``support``
+    [B, S], memory indices, -1 padding, -2 outside the memory) has exactly K facts, all in
+    memory (strong supervision): the CRF's log-probability of the chain, or MemN2N's sum of
+    per-hop log attention. A gold chain the CRF forbids (the same fact twice in a row under
+    no-repeat) is left out, so the loss stays finite."""
+    steps = out.attention.shape[1]
+    if support.shape[1] < steps:
+        return out.logits.new_zeros(())
+    gold = support[:, :steps]  # [B, K]
+    usable = (gold >= 0).all(1) & (support[:, steps:] == -1).all(1)  # [B]
+    if out.distribution is None:  # MemN2N: per-hop softmax
+        probs = out.attention.gather(-1, gold.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        return -(probs.clamp_min(1e-30).log().sum(1) * usable).sum()
+    distribution = out.distribution
+    log_prob = distribution.log_prob(gold.clamp_min(0))  # unusable rows: masked out below
+    usable = usable & torch.isfinite(log_prob)
+    return -torch.where(usable, log_prob, torch.zeros_like(log_prob)).sum()
+
+
+@torch.no_grad()
+def predict_answers(
+    model: MemoryQA,
+    examples: Sequence[BabiExample],
+    vocab: BabiVocabulary,
+    device: torch.device | str = "cpu",
+    batch_size: int = 200,
+    encoded: EncodedQuestions | None = None,
+) -> tuple[list[str], list[list[int]], float]:
+    """(predicted answers, predicted fact sequences as 0-based memory indices, mean NLL);
+    ``encoded``: ``examples`` already encoded (training validates every epoch)."""
+    device = torch.device(device)
+    model.eval()
+    if encoded is None:
+        encoded = EncodedQuestions(examples, vocab)
+    answers: list[str] = []
+    facts: list[list[int]] = []
+    total = 0.0
+    for start in range(0, len(examples), batch_size):
+        batch = encoded.batch(range(start, min(start + batch_size, len(examples))), device)
+        out = forward_batch(model, batch)
+        total += float(F.cross_entropy(out.logits, batch.answer, reduction="sum"))
+        answers += [vocab.tokens[i] for i in out.logits.argmax(-1).tolist()]
+        facts += out.facts.tolist()
+    return answers, facts, total / max(len(examples), 1)
+
+
+@torch.no_grad()
+def fact_chains(
+    model: MemoryQA, example: BabiExample, vocab: BabiVocabulary, k: int = 3
+) -> tuple[Tensor, Tensor, list[tuple[list[int], float]], str]:
+    """A CRF model's reading of one question (Figure 5 of Kim et al. 2017): the fact
+    marginals [K, N] per step, the edge marginals p(z_k, z_{k+1}) [K-1, N, N] over the N
+    facts in memory, the ``k`` most probable fact sequences with their probabilities, and
+    the predicted answer."""
+    if model.crf is None:
+        raise ValueError("a MemN2N has no fact-sequence CRF (use a unary-crf or binary-crf model)")
+    batch = EncodedQuestions([example], vocab).batch([0], torch.device("cpu"))
+    result = forward_batch(model, batch)
+    crf = result.distribution
+    assert crf is not None
+    n = len(example.memory)
+    scores, sequences = crf.topk(k)
+    probs = (scores - crf.log_partition).exp()[:, 0].tolist()
+    top = [(seq, p) for seq, p in zip(sequences[:, 0].tolist(), probs, strict=True)]
+    predicted = vocab.tokens[int(result.logits.argmax(-1))]
+    return result.attention[0, :, :n], crf.edge_marginals[0, :, :n, :n], top, predicted

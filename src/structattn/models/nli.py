@@ -18,15 +18,30 @@ aggregate, logits = V h([sum_i v1_i; sum_j v2_j]) + b. f, g, h: 2-layer ReLU MLP
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import SyntacticAttention, masked_softmax
+from ..data.classification import word_vocabulary
+from ..data.embeddings import embedding_table
+from ..data.nli import EncodedPairs
 from ..names import VARIANT_STRUCTURES, AttentionVariant
 
-__all__ = ["INTRA_ATTENTION", "DecomposableAttention", "IntraAttention", "NLIOutput", "mlp"]
+__all__ = [
+    "INTRA_ATTENTION",
+    "DecomposableAttention",
+    "IntraAttention",
+    "NLIOutput",
+    "forward_batch",
+    "induced_heads",
+    "mlp",
+    "predict_pairs",
+    "sentence_tree",
+]
 
 #: intra-sentence attention: the papers' variants (structattn.names) or a pipeline parse
 IntraAttention = Literal[AttentionVariant, "hard-parent"]
@@ -159,3 +174,81 @@ class DecomposableAttention(nn.Module):
         pooled = torch.cat([v1.sum(1), v2.sum(1)], dim=-1)  # [B, 2H]
         logits = self.classify(self.aggregate(pooled))  # [B, C]
         return NLIOutput(logits, e.masked_fill(~pair, 0.0), px, py)
+
+
+def forward_batch(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
+    """The model's output (``.logits`` [B, 3]) on one
+    :meth:`~structattn.data.nli.EncodedPairs.batch`."""
+    return model(
+        batch["premise"],
+        batch["premise_mask"],
+        batch["hypothesis"],
+        batch["hypothesis_mask"],
+        batch.get("premise_heads"),
+        batch.get("hypothesis_heads"),
+    )
+
+
+def predict_pairs(
+    model: nn.Module, encoded: EncodedPairs, device: torch.device, batch_size: int = 256
+) -> tuple[list[int], float]:
+    """(predicted label id of each pair, summed NLL of the gold labels) in batches of pairs
+    sorted by premise length (``model`` is put in eval mode)."""
+    model.eval()
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded.premise[i]))
+    predicted = [0] * len(encoded)
+    total = 0.0
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = encoded.batch(chunk, device)
+        logits = forward_batch(model, batch).logits  # [B, 3]
+        total += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
+        for i, p in zip(chunk, logits.argmax(-1).tolist(), strict=True):
+            predicted[i] = p
+    return predicted, total
+
+
+@torch.no_grad()
+def induced_heads(
+    model: DecomposableAttention,
+    sentences: Sequence[Sequence[str]],
+    embeddings: str,
+    normalize: bool,
+    unknown_buckets: int,
+    batch_size: int = 128,
+) -> list[list[int]]:
+    """The Viterbi trees (heads, 0 = ROOT) of the model's syntactic attention layer on any
+    tokenised sentences; their words get vectors by the given embedding settings (those the
+    model was trained with: :func:`~structattn.data.embeddings.embedding_table`)."""
+    if model.syntactic is None:
+        raise ValueError("the model has no syntactic attention layer")
+    words = word_vocabulary(sentences)
+    table = embedding_table(words, embeddings, normalize, unknown_buckets).weight.to(
+        model.project.weight.device
+    )
+    embed = nn.Embedding.from_pretrained(table, freeze=True, padding_idx=0)
+    model.eval()
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    out: list[list[int]] = [[] for _ in sentences]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(sentences[i]) for i in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # [B, N]
+        for b, i in enumerate(chunk):
+            ids[b, : len(sentences[i])] = torch.tensor(words.encode(sentences[i]))
+        ids = ids.to(table.device)
+        mask = ids != 0  # [B, N]
+        heads = model.syntactic.parse(model.project(embed(ids)), mask)  # [B, N+1]
+        for b, i in enumerate(chunk):
+            out[i] = heads[b, 1 : 1 + len(sentences[i])].tolist()
+    return out
+
+
+@torch.no_grad()
+def sentence_tree(model: DecomposableAttention, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The syntactic layer's Viterbi heads [B, N+1] (-1 at ROOT) and arc marginals
+    [B, N+1, N+1] of word ids [B, N] (``mask`` [B, N], True at words)."""
+    if model.syntactic is None:
+        raise ValueError("the model has no syntactic attention layer")
+    x = model.project(model.embed(ids))  # [B, N, H]
+    return model.syntactic.parse(x, mask), model.syntactic(x, mask).marginals

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,21 +31,34 @@ from ..attention.memory_crf import EDGE_UNARIES, LINEAR_QUERY_MODES, QUERY_MODES
 from ..data.babi import (
     FACT_EXCLUDED_TASKS,
     MEMORY_SIZE,
+    MODEL_NAMES,
     PAPER_HOPS,
     PAPER_TABLE4,
     PAPER_TABLE4_AVERAGE,
     PAPER_TASKS,
+    TABLE_ORDER,
     BabiBatch,
     BabiExample,
     BabiVocabulary,
+    EncodedQuestions,
     answer_accuracy,
     fact_sequence_accuracy,
     load_task,
+    padded_widths,
     write_predictions,
 )
-from ..models import MEMORY_MODELS, MemoryQA, MemoryQAOutput
-from ..models.memory_qa import CRF_LINEAR_STARTS, TEMPORAL_INITS, TYINGS
+from ..models import MEMORY_MODELS, MemoryQA
+from ..models.memory_qa import (
+    CRF_LINEAR_STARTS,
+    TEMPORAL_INITS,
+    TYINGS,
+    fact_chains,
+    fact_nll,
+    forward_batch,
+    predict_answers,
+)
 from ..training import Task, TrainConfig, fit, load_model_state
+from ..viz.babi import figure5, format_runs, format_table, nested_results, plot_results
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
@@ -71,8 +83,6 @@ __all__ = [
     "visualize",
 ]
 
-MODEL_NAMES = {"memn2n": "MemN2N", "binary-crf": "Binary CRF", "unary-crf": "Unary CRF"}
-TABLE_ORDER = ("memn2n", "binary-crf", "unary-crf")  # the paper's column order
 LINEAR_START_ENDS = ("epochs", "validation")
 #: a run has converged when its last epoch's training loss (per question) is below this
 CONVERGED_LOSS = 0.1
@@ -137,32 +147,26 @@ class BabiConfig:
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
-        if self.model not in MEMORY_MODELS:
-            raise ValueError(f"`model` must be one of {MEMORY_MODELS}, got {self.model!r}")
+        for name, allowed in (
+            ("model", MEMORY_MODELS),
+            ("position_encoding", ("sentence", "padded")),
+            ("crf_linear_start", CRF_LINEAR_STARTS),
+            ("query_init", ("default", "identity")),
+            ("crf_query", QUERY_MODES),
+            ("crf_edge_unary", EDGE_UNARIES),
+            ("tying", TYINGS),
+            ("temporal_init", TEMPORAL_INITS),
+            ("linear_start_end", LINEAR_START_ENDS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}")
         if not 1 <= self.task <= 20:
             raise ValueError(f"`task` must be in 1..20, got {self.task}")
         for name in ("embed_dim", "memory_size", "batch_size", "runs", "fact_runs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
-        if self.position_encoding not in ("sentence", "padded"):
-            raise ValueError(
-                f"`position_encoding` must be sentence or padded, got {self.position_encoding!r}"
-            )
         if self.init_std <= 0 or not 0 <= self.random_noise < 1:
             raise ValueError("`init_std` must be > 0 and `random_noise` in [0, 1)")
-        if self.crf_linear_start not in CRF_LINEAR_STARTS:
-            raise ValueError(
-                f"`crf_linear_start` must be one of {CRF_LINEAR_STARTS}, "
-                f"got {self.crf_linear_start!r}"
-            )
-        if self.query_init not in ("default", "identity"):
-            raise ValueError(f"`query_init` must be default or identity, got {self.query_init!r}")
-        if self.crf_query not in QUERY_MODES:
-            raise ValueError(f"`crf_query` must be one of {QUERY_MODES}, got {self.crf_query!r}")
-        if self.crf_edge_unary not in EDGE_UNARIES:
-            raise ValueError(
-                f"`crf_edge_unary` must be one of {EDGE_UNARIES}, got {self.crf_edge_unary!r}"
-            )
         if not self.fact_supervision >= 0:
             raise ValueError(f"`fact_supervision` must be >= 0, got {self.fact_supervision}")
         if self.fact_supervision_epochs < 0:
@@ -171,23 +175,12 @@ class BabiConfig:
             )
         if self.fact_supervision_epochs and not self.fact_supervision:
             raise ValueError("`fact_supervision_epochs` needs a `fact_supervision` weight > 0")
-        if self.tying not in TYINGS:
-            raise ValueError(f"`tying` must be one of {TYINGS}, got {self.tying!r}")
         if self.crf_query not in LINEAR_QUERY_MODES and self.query_init == "identity":
             raise ValueError(
                 f"`query_init identity` sets Q, which `crf_query {self.crf_query}` does not have"
             )
         if self.hops < 0 or self.linear_start < 0:
             raise ValueError("`hops` and `linear_start` must be >= 0")
-        if self.temporal_init not in TEMPORAL_INITS:
-            raise ValueError(
-                f"`temporal_init` must be one of {TEMPORAL_INITS}, got {self.temporal_init!r}"
-            )
-        if self.linear_start_end not in LINEAR_START_ENDS:
-            raise ValueError(
-                f"`linear_start_end` must be one of {LINEAR_START_ENDS}, "
-                f"got {self.linear_start_end!r}"
-            )
         if self.linear_start_end == "validation" and self.valid_fraction == 0:
             raise ValueError(
                 '`linear_start_end="validation"` needs a validation set (`valid_fraction` > 0)'
@@ -213,42 +206,6 @@ def load_data(config: BabiConfig) -> tuple[dict[str, list[BabiExample]], BabiVoc
     if not splits["train"]:
         raise ValueError(f"task {config.task}: the training file has no questions")
     return splits, BabiVocabulary.build(splits["train"] + splits["valid"])
-
-
-class _Encoded:
-    """A split encoded once as padded tensors; ``batch(indices)`` slices and trims it."""
-
-    def __init__(self, examples: Sequence[BabiExample], vocab: BabiVocabulary) -> None:
-        self.full = vocab.encode_batch(examples)
-
-    def batch(self, indices: Sequence[int], device: torch.device) -> BabiBatch:
-        f = self.full
-        index = torch.as_tensor(list(indices), dtype=torch.long)
-        memory_lengths = f.memory_lengths[index]
-        slots = max(int(memory_lengths.max()), 1)
-        sentence_lengths = f.sentence_lengths[index, :slots]
-        width = max(int(sentence_lengths.max()), 1)
-        question_lengths = f.question_lengths[index]
-        qwidth = max(int(question_lengths.max()), 1)
-        return BabiBatch(
-            memory=f.memory[index, :slots, :width].to(device),
-            memory_lengths=memory_lengths.to(device),
-            sentence_lengths=sentence_lengths.to(device),
-            question=f.question[index, :qwidth].to(device),
-            question_lengths=question_lengths.to(device),
-            answer=f.answer[index].to(device),
-            support=None if f.support is None else f.support[index].to(device),
-        )
-
-
-def _forward(model: nn.Module, batch: BabiBatch) -> Any:
-    return model(
-        batch.memory,
-        batch.sentence_lengths,
-        batch.memory_lengths,
-        batch.question,
-        batch.question_lengths,
-    )
 
 
 # ---- model ----------------------------------------------------------------------------------
@@ -284,15 +241,6 @@ def build_model(
     return model
 
 
-def padded_widths(splits: Mapping[str, Sequence[BabiExample]]) -> tuple[int, int]:
-    """(longest memory sentence, longest question) in words over all splits: the fixed J of
-    ``position_encoding="padded"``."""
-    examples = [ex for split in splits.values() for ex in split]
-    sentence = max((len(s) for ex in examples for s in ex.memory), default=1)
-    question = max((len(ex.question) for ex in examples), default=1)
-    return max(sentence, 1), max(question, 1)
-
-
 def in_linear_start(config: BabiConfig, epoch: int, valid_loss: Mapping[int, float]) -> bool:
     """Whether 1-based ``epoch`` trains in linear start: one of the first ``linear_start``
     epochs and, with ``linear_start_end="validation"``, no earlier epoch's validation loss
@@ -321,47 +269,20 @@ def set_linear_start(model: MemoryQA, linear: bool) -> None:
 
 
 # ---- evaluation -----------------------------------------------------------------------------
-@torch.no_grad()
-def predict(
-    model: MemoryQA,
-    examples: Sequence[BabiExample],
-    vocab: BabiVocabulary,
-    device: torch.device | str = "cpu",
-    batch_size: int = 200,
-    encoded: _Encoded | None = None,
-) -> tuple[list[str], list[list[int]], float]:
-    """(predicted answers, predicted fact sequences as 0-based memory indices, mean NLL);
-    ``encoded``: ``examples`` already encoded (training validates every epoch)."""
-    device = torch.device(device)
-    model.eval()
-    if encoded is None:
-        encoded = _Encoded(examples, vocab)
-    answers: list[str] = []
-    facts: list[list[int]] = []
-    total = 0.0
-    for start in range(0, len(examples), batch_size):
-        batch = encoded.batch(range(start, min(start + batch_size, len(examples))), device)
-        out = _forward(model, batch)
-        total += float(F.cross_entropy(out.logits, batch.answer, reduction="sum"))
-        answers += [vocab.tokens[i] for i in out.logits.argmax(-1).tolist()]
-        facts += out.facts.tolist()
-    return answers, facts, total / max(len(examples), 1)
-
-
 def evaluate(
     model: MemoryQA,
     examples: Sequence[BabiExample],
     vocab: BabiVocabulary,
     device: torch.device | str = "cpu",
     predictions: str | Path | None = None,
-    encoded: _Encoded | None = None,
+    encoded: EncodedQuestions | None = None,
 ) -> dict[str, Any]:
     """Ans %, Fact % (``None`` for tasks 7 and 8; see
     :func:`~structattn.data.babi.fact_sequence_accuracy`) and the mean NLL of ``examples``;
     optionally writes the predictions JSONL (:func:`~structattn.data.babi.write_predictions`)."""
     if not examples:
         raise ValueError("no questions to evaluate")
-    answers, facts, loss = predict(model, examples, vocab, device, encoded=encoded)
+    answers, facts, loss = predict_answers(model, examples, vocab, device, encoded=encoded)
     ans = 100.0 * answer_accuracy(answers, [ex.answer for ex in examples])
     fact: float | None = None
     if examples[0].task not in FACT_EXCLUDED_TASKS:
@@ -370,25 +291,6 @@ def evaluate(
     if predictions is not None:
         write_predictions(predictions, examples, answers, facts)
     return {"ans": ans, "fact": fact, "loss": loss, "questions": len(examples)}
-
-
-def fact_nll(out: MemoryQAOutput, support: Tensor) -> Tensor:
-    """Summed -log p(gold fact sequence) of the questions whose gold sequence has exactly K
-    facts, all in memory (``--fact-supervision``): the CRF's log-probability of the chain, or
-    MemN2N's sum of per-hop log attention. A gold chain the CRF forbids (the same fact twice
-    in a row under no-repeat) is left out, so the loss stays finite."""
-    steps = out.attention.shape[1]
-    if support.shape[1] < steps:
-        return out.logits.new_zeros(())
-    gold = support[:, :steps]  # [B, K]
-    usable = (gold >= 0).all(1) & (support[:, steps:] == -1).all(1)  # [B]
-    if out.distribution is None:  # MemN2N: per-hop softmax
-        probs = out.attention.gather(-1, gold.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-        return -(probs.clamp_min(1e-30).log().sum(1) * usable).sum()
-    distribution = out.distribution
-    log_prob = distribution.log_prob(gold.clamp_min(0))  # unusable rows: masked out below
-    usable = usable & torch.isfinite(log_prob)
-    return -torch.where(usable, log_prob, torch.zeros_like(log_prob)).sum()
 
 
 def fact_supervision_weight(config: BabiConfig, epoch: int) -> float:
@@ -412,9 +314,9 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
     device = torch.device(config.train.device)
     pe_width = padded_widths(splits)
     model = build_model(config, vocab, seed, pe_width)
-    train = _Encoded(splits["train"], vocab)
+    train = EncodedQuestions(splits["train"], vocab)
     valid = splits["valid"]
-    valid_encoded = _Encoded(valid, vocab) if valid else None
+    valid_encoded = EncodedQuestions(valid, vocab) if valid else None
 
     def batches(epoch: int) -> list[list[int]]:
         order = list(range(len(splits["train"])))
@@ -426,7 +328,7 @@ def train_run(config: BabiConfig, run_dir: str | Path, resume: bool = False) -> 
     valid_loss: dict[int, float] = {}  # epoch -> validation loss (checkpointed)
 
     def loss(m: nn.Module, batch: BabiBatch) -> tuple[Tensor, int, int]:
-        out = _forward(m, batch)
+        out = forward_batch(m, batch)
         n = batch.answer.shape[0]
         total = F.cross_entropy(out.logits, batch.answer, reduction="sum")
         weight = fact_supervision_weight(config, epoch_now[0])
@@ -566,85 +468,6 @@ def train(
 
 
 # ---- the paper's table -----------------------------------------------------------------------
-def _cell(ans: float | None, fact: float | None) -> str:
-    a = "-" if ans is None else f"{ans:.1f}"
-    f = "-" if fact is None else f"{fact:.1f}"
-    return f"{a} / {f}"
-
-
-def format_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """Markdown table ``results[task][model] = summary``: ours beside Table 4 (Ans % / Fact %)."""
-    models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
-    header = ["Task", "K"]
-    for m in models:
-        header += [f"{MODEL_NAMES[m]} (ours)", f"{MODEL_NAMES[m]} (paper)"]
-    rows = []
-    sums: dict[str, dict[str, list[float]]] = {
-        m: {"ans": [], "fact": [], "pans": [], "pfact": []} for m in models
-    }
-    for task in sorted(results):
-        row = [str(task), str(PAPER_HOPS.get(task, "-"))]
-        for m in models:
-            ours = results[task].get(m)
-            paper = PAPER_TABLE4[m.replace("-", "_")].get(task)
-            row.append(_cell(ours["ans"], ours["fact"]) if ours else "-")
-            row.append(_cell(*paper) if paper else "-")
-            if ours and paper:
-                sums[m]["ans"].append(ours["ans"])
-                sums[m]["pans"].append(paper[0])
-                if task not in FACT_EXCLUDED_TASKS and ours["fact"] is not None:
-                    sums[m]["fact"].append(ours["fact"])
-                    sums[m]["pfact"].append(paper[1] or 0.0)
-        rows.append(row)
-
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    average = ["AVERAGE", "-"]
-    for m in models:
-        s = sums[m]
-        average += [
-            _cell(mean(s["ans"]), mean(s["fact"])),
-            _cell(mean(s["pans"]), mean(s["pfact"])),
-        ]
-    rows.append(average)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    printed = ", ".join(
-        f"{MODEL_NAMES[m]} {_cell(*PAPER_TABLE4_AVERAGE[m.replace('-', '_')])}" for m in models
-    )
-    note = (
-        "Cells: Ans % / Fact %. AVERAGE: over the tasks in the table (Fact %: without tasks 7, "
-        f"8); the paper's printed averages over its 12 tasks: {printed}."
-    )
-    return "\n".join([line(header), sep, *(line(r) for r in rows), "", note])
-
-
-def format_runs(results: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """Markdown table: runs finished per task and model, how many of them converged (final
-    training loss below :data:`CONVERGED_LOSS`), and the mean seconds per run."""
-    models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
-    lines = [
-        "| Task | " + " | ".join(f"{MODEL_NAMES[m]} runs, converged, s/run" for m in models) + " |",
-        "|---|" + "---|" * len(models),
-    ]
-    for task in sorted(results):
-        cells = []
-        for m in models:
-            r = results[task].get(m)
-            if r is None:
-                cells.append("-")
-                continue
-            done = "-" if r.get("converged") is None else str(r["converged"])
-            cells.append(f"{r['runs']}, {done}, {r['seconds_per_run']:.1f}")
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def reproduce(
     config: BabiConfig,
     out_dir: str | Path,
@@ -661,64 +484,16 @@ def reproduce(
         load_data(replace(config, task=task))  # fail early on missing data
     grid: dict[str, list[Any]] = {"task": list(tasks), "model": list(models)}
     payload = runs.reproduce(RECIPE, config, out_dir, grid, resume, force, jobs)
-    return _nested(payload["results"])
-
-
-def _nested(
-    results: Mapping[tuple[Any, ...], Mapping[str, Any]],
-) -> dict[int, dict[str, dict[str, Any]]]:
-    nested: dict[int, dict[str, dict[str, Any]]] = {}
-    for (task, model), summary in results.items():
-        nested.setdefault(task, {})[model] = dict(summary)
-    return nested
+    return nested_results(payload["results"])
 
 
 def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-    nested = _nested(results)
+    nested = nested_results(results)
     return format_table(nested) + "\n\n" + format_runs(nested)
 
 
 def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    return plot_results(_nested(results), out)
-
-
-def plot_results(results: dict[int, dict[str, dict[str, Any]]], out_dir: str | Path) -> list[Path]:
-    """``ans.png`` and ``fact.png`` in ``out_dir``: our Ans % / Fact % per task and model as
-    bars, the paper's as black ticks (nothing, with a message, without matplotlib)."""
-    from .. import viz
-
-    tasks = sorted(results)
-    models = [m for m in TABLE_ORDER if any(m in row for row in results.values())]
-    written = []
-    for index, key, what in ((0, "ans", "answer accuracy"), (1, "fact", "fact-sequence accuracy")):
-        shown = [t for t in tasks if key == "ans" or t not in FACT_EXCLUDED_TASKS]
-        if not shown:
-            continue
-        ours = {
-            MODEL_NAMES[m]: [results[t][m][key] if m in results[t] else None for t in shown]
-            for m in models
-        }
-        paper = {
-            MODEL_NAMES[m]: [
-                PAPER_TABLE4[m.replace("-", "_")].get(t, (None, None))[index] for t in shown
-            ]
-            for m in models
-        }
-        try:
-            written.append(
-                viz.grouped_bars(
-                    [f"task {t}" for t in shown],
-                    ours,
-                    Path(out_dir) / f"{key}.png",
-                    reference=paper,
-                    title=f"bAbI 1k, {what} (bars: ours; ticks: paper)",
-                    ylabel="Ans %" if key == "ans" else "Fact %",
-                )
-            )
-        except ImportError as error:
-            print(f"no plots: {error}", file=sys.stderr)
-            break
-    return written
+    return plot_results(nested_results(results), out)
 
 
 # ---- Figure 5 --------------------------------------------------------------------------------
@@ -732,8 +507,6 @@ def visualize(
     """Figure 5 of the paper for question number ``question`` (0-based, file order) of
     ``split``: facts per step as nodes, edge marginals p(z_k, z_{k+1}) as edge widths, the
     three most probable fact sequences. Needs a CRF model. Returns the file written."""
-    from .. import viz
-
     model, vocab, config = load_trained(checkpoint)
     if model.crf is None:
         raise ValueError(
@@ -749,37 +522,12 @@ def visualize(
     if not 0 <= question < len(examples):
         raise ValueError(f"`question` must be in 0..{len(examples) - 1} for {split}")
     ex = examples[question]
-    batch = _Encoded([ex], vocab).batch([0], torch.device("cpu"))
-    with torch.no_grad():
-        result = _forward(model, batch)
-        crf = result.distribution
-        assert crf is not None
-        n = len(ex.memory)
-        scores, sequences = crf.topk(3)
-        probs = (scores - crf.log_partition).exp()[:, 0].tolist()
-        top = [(seq, p) for seq, p in zip(sequences[:, 0].tolist(), probs, strict=True)]
-        predicted = vocab.tokens[int(result.logits.argmax(-1))]
-        marginals = result.attention[0, :, :n]
-        edges = crf.edge_marginals[0, :, :n, :n]
-    labels = [
-        f"{' '.join(words)} (line {line})"
-        for line, words in zip(ex.memory_lines, ex.memory, strict=True)
-    ]
-    gold = " -> ".join("?" if i is None else str(i) for i in ex.support)
-    gold_lines = " -> ".join(str(s) for s in ex.support_lines)
+    marginals, edges, top, predicted = fact_chains(model, ex, vocab)
     path = Path(out) if out else Path(checkpoint) / f"figure5_{split}_{question}.png"
     if path.suffix == "" or path.is_dir():
         path = path / f"figure5_{split}_{question}.png"
-    return viz.fact_chain_graph(
-        marginals,
-        edges,
-        path,
-        fact_labels=labels,
-        top_sequences=top,
-        question=" ".join(ex.question) + "?",
-        answer=f"{ex.answer} (predicted {predicted}); supporting facts {gold} (lines {gold_lines})",
-        title=f"bAbI task {config.task}, {MODEL_NAMES[config.model]}, K = {config.steps}",
-    )
+    title = f"bAbI task {config.task}, {MODEL_NAMES[config.model]}, K = {config.steps}"
+    return figure5(ex, marginals, edges, top, predicted, path, title)
 
 
 def default_out(config: BabiConfig) -> str:

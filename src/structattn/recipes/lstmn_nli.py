@@ -14,7 +14,7 @@ and 300 (``paper`` preset: also 450).
 Data as the SAN NLI recipe (``nli``): ``sick`` (SICK TRAIN / TRIAL / TEST; the default) and
 ``snli-small`` (SNLI 1.0 dev as training data with 10% held out for validation, SNLI test;
 the SNLI training set is not available here, so the numbers are not comparable with the
-paper's SNLI table), read by the ``nli`` recipe's :func:`~structattn.recipes.nli.load_data`.
+paper's SNLI table), read by :func:`~structattn.data.nli.load_nli_splits` as in ``nli``.
 Embeddings: GloVe (:mod:`structattn.data.embeddings`, the shipped 6B 50-d file by default,
 ``--embeddings PATH``), words without a vector start from hashed N(0, 1) vectors; as in the
 paper only those rows are updated in the first epoch, then every embedding. Each cell trains
@@ -43,12 +43,12 @@ from ..data.classification import (
     make_batches,
 )
 from ..data.embeddings import build_embedding_matrix, read_word_vectors
+from ..data.nli import load_nli_splits, write_nli_predictions
 from ..models.lstmn_text import PAIR_MODELS, PairClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_to_dict, replace_path
-from .nli import NLIConfig, load_data, write_predictions
 from .runs import load_vocabulary_run
 from .tables import accuracy_metric, markdown_table, mean_std_text, seed_summary, valid_accuracy
 
@@ -124,14 +124,9 @@ class LSTMNNLIConfig:
 # ---- data -----------------------------------------------------------------------------------
 def load_pairs(config: LSTMNNLIConfig) -> dict[str, list[ClassificationExample]]:
     """``{"train", "valid", "test"}`` pairs: the SAN NLI recipe's splits
-    (:func:`structattn.recipes.nli.load_data`), validation and test cut to ``max_eval``."""
-    splits = load_data(
-        NLIConfig(
-            dataset=config.dataset,
-            data_dir=config.data_dir,
-            max_train=config.max_train,
-            valid_fraction=config.valid_fraction,
-        )
+    (:func:`structattn.data.nli.load_nli_splits`), validation and test cut to ``max_eval``."""
+    splits = load_nli_splits(
+        config.dataset, config.data_dir, config.max_train, config.valid_fraction
     )
     if config.max_eval:
         splits["valid"] = splits["valid"][: config.max_eval]
@@ -196,7 +191,7 @@ def evaluate(
     gold_ids = [LABELS.encode(ex.label) for ex in examples]
     correct = sum(p == g for p, g in zip(predicted, gold_ids, strict=True))
     if predictions is not None:
-        write_predictions(predictions, examples, predicted)
+        write_nli_predictions(predictions, examples, predicted)
     return {"accuracy": 100.0 * correct / len(examples), "loss": total / len(examples),
             "pairs": len(examples)}  # fmt: skip
 

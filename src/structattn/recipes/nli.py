@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,25 +39,29 @@ from ..data.classification import (
     ClassificationExample,
     LabelVocabulary,
     WordVocabulary,
-    read_sick,
-    read_snli,
-    split_holdout,
+    length_buckets,
 )
-from ..data.embeddings import EmbeddingMatrix, build_embedding_matrix, read_word_vectors
-from ..io import shared_data_dir
+from ..data.conllu import branching_heads, default_ud_data_dir, read_conllu, uas_beside_branching
+from ..data.embeddings import EmbeddingMatrix, embedding_table
+from ..data.nli import (
+    EncodedPairs,
+    load_nli_splits,
+    nli_vocabulary,
+    pair_sentences,
+    write_nli_predictions,
+)
 from ..metrics import paired_bootstrap
-from ..models.nli import DecomposableAttention
+from ..models.nli import DecomposableAttention, forward_batch, predict_pairs, sentence_tree
+from ..models.nli import induced_heads as model_induced_heads
+from ..models.parser import copy_parser_layer, parse_sentences
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
+from ._parsing import epoch_seconds, load_parser_run, load_pretrained_layer
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
 from .tables import accuracy_metric, markdown_table, valid_accuracy
 
 __all__ = [
-    "EncodedPairs",
-    "forward_batch",
-    "prepare",
-    "write_predictions",
     "PAPER_TABLE5",
     "RECIPE",
     "VARIANTS",
@@ -66,9 +69,11 @@ __all__ = [
     "branching_heads",
     "build_model",
     "evaluate",
-    "load_data",
-    "load_trained",
     "induced_heads",
+    "load_data",
+    "load_pretrained_parser",
+    "load_trained",
+    "prepare",
     "score",
     "syntax_report",
     "train",
@@ -150,50 +155,9 @@ class NLIConfig:
 
 # ---- data -----------------------------------------------------------------------------------
 def load_data(config: NLIConfig) -> dict[str, list[ClassificationExample]]:
-    """``{"train", "valid", "test"}`` pairs of ``config.dataset`` (``max_train`` applied)."""
-    if config.dataset == "sick":
-        folder = Path(config.data_dir) if config.data_dir else shared_data_dir("sick", what="SICK")
-        splits = read_sick(folder / "SICK.txt")
-    else:
-        folder = (
-            Path(config.data_dir)
-            if config.data_dir
-            else shared_data_dir("snli_devtest", what="SNLI dev/test")
-        )
-        train, valid = split_holdout(read_snli(folder, "dev"), config.valid_fraction)
-        splits = {"train": train, "valid": valid, "test": read_snli(folder, "test")}
-    if config.max_train:
-        splits["train"] = splits["train"][: config.max_train]
-    if not splits["train"] or not splits["valid"] or not splits["test"]:
-        raise ValueError(f"{config.dataset}: a split has no pairs")
-    return splits
-
-
-def _sentences(examples: Sequence[ClassificationExample]) -> list[tuple[str, ...]]:
-    return [s for ex in examples for s in (ex.tokens, ex.pair or ())]
-
-
-def embedding_table(
-    words: WordVocabulary,
-    embeddings: str,
-    normalize: bool,
-    buckets: int,
-    counts: Mapping[str, int] | None = None,
-) -> EmbeddingMatrix:
-    """The fixed ``[V, E]`` table of ``words``: the vectors of ``embeddings`` ("" = the
-    shipped GloVe file), unknown words hashed to one of ``buckets`` Gaussian vectors. The
-    same word always gets the same row, so models over different vocabularies (the parser's,
-    the NLI model's) see the same inputs."""
-    vectors = read_word_vectors(embeddings or None, words=words.tokens)
-    return build_embedding_matrix(
-        words, vectors, counts=counts, normalize=normalize, unknown_buckets=buckets
-    )
-
-
-def build_vocabulary(splits: Mapping[str, Sequence[ClassificationExample]]) -> WordVocabulary:
-    """Every word of every split: the embeddings are fixed functions of the word (a GloVe
-    vector or a hashed Gaussian), so a test word adds no trained parameter."""
-    return WordVocabulary.build([ex for split in splits.values() for ex in split])
+    """``{"train", "valid", "test"}`` pairs of ``config.dataset`` (``max_train`` applied;
+    :func:`~structattn.data.nli.load_nli_splits`)."""
+    return load_nli_splits(config.dataset, config.data_dir, config.max_train, config.valid_fraction)
 
 
 # ---- model ----------------------------------------------------------------------------------
@@ -242,103 +206,16 @@ def load_pretrained_parser(model: DecomposableAttention, config: NLIConfig) -> N
     vectors) have no counterpart in the NLI layer and are not loaded: its scorer then reads
     the projected fixed vectors alone, which such a parser was not trained on (a warning
     says so; the 85.6-UAS cpu parser's scorer parses EWT dev at 18.4 UAS that way)."""
-    from . import parser as parser_recipe
-
-    run = _parser_run(config)
-    parser, _, parser_config = parser_recipe.load_trained(run)
-    extra = [
-        flag
-        for flag, used in (
-            ("--word-min-count", parser_config.word_min_count > 0),
-            ("--char-dim", parser_config.char_dim > 0),
-            ("--upos", parser_config.upos),
-        )
-        if used
-    ]
-    if extra:
-        warnings.warn(
-            f"the parser run {run} also reads inputs the NLI layer does not have "
-            f"({', '.join(extra)}); its scorer will see the fixed word vectors alone. "
-            "Train one without them for --pretrained-parser.",
-            stacklevel=2,
-        )
-    mismatch = [
-        name
-        for name, ours, theirs in (
-            ("hidden_dim", config.hidden_dim, parser_config.hidden_dim),
-            ("parser_dim", config.parser_dim, parser_config.parser_dim),
-            ("parser_layers", config.parser_layers, parser_config.parser_layers),
-            ("embeddings", config.embeddings, parser_config.embeddings),
-            ("normalize_embeddings", config.normalize_embeddings, parser_config.normalize),
-            ("unknown_buckets", config.unknown_buckets, parser_config.unknown_buckets),
-        )
-        if ours != theirs
-    ]
-    if mismatch:
-        raise ValueError(f"the parser run {run} differs in {mismatch}")
-    assert model.syntactic is not None and model.syntactic.root is not None
-    with torch.no_grad():
-        model.project.load_state_dict(parser.project.state_dict())
-        model.syntactic.root.copy_(parser.root)
-        model.syntactic.scorer.load_state_dict(parser.scorer.state_dict())
-
-
-class EncodedPairs:
-    """A split as id lists (and pipeline heads), collated into padded batches.
-
-    ``batch(indices, device)`` gives ``premise`` / ``hypothesis`` LongTensor [B, L],
-    their ``*_mask`` BoolTensor [B, L], ``*_heads`` [B, L] when heads are given, and
-    ``labels`` [B]."""
-
-    def __init__(
-        self,
-        examples: Sequence[ClassificationExample],
-        words: WordVocabulary,
-        labels: LabelVocabulary,
-        heads: Mapping[tuple[str, ...], list[int]] | None = None,
-    ) -> None:
-        self.examples = examples
-        self.premise = [words.encode(ex.tokens) for ex in examples]
-        self.hypothesis = [words.encode(ex.pair or ()) for ex in examples]
-        self.labels = [labels.encode(ex.label) for ex in examples]
-        self.heads = heads
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def batch(self, indices: Sequence[int], device: torch.device) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for key, rows, sents in (
-            ("premise", self.premise, [self.examples[i].tokens for i in indices]),
-            ("hypothesis", self.hypothesis, [self.examples[i].pair or () for i in indices]),
-        ):
-            chosen = [rows[i] for i in indices]
-            width = max(len(r) for r in chosen)
-            ids = torch.zeros(len(chosen), width, dtype=torch.long)  # [B, L]
-            for b, r in enumerate(chosen):
-                ids[b, : len(r)] = torch.tensor(r)
-            lengths = torch.tensor([len(r) for r in chosen])
-            out[key] = ids.to(device)
-            out[f"{key}_mask"] = (torch.arange(width) < lengths[:, None]).to(device)  # [B, L]
-            if self.heads is not None:
-                heads = torch.zeros(len(chosen), width, dtype=torch.long)  # [B, L]
-                for b, s in enumerate(sents):
-                    heads[b, : len(s)] = torch.tensor(self.heads[tuple(s)])
-                out[f"{key}_heads"] = heads.to(device)
-        out["labels"] = torch.tensor([self.labels[i] for i in indices], device=device)
-        return out
-
-
-def forward_batch(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
-    """The model's output (``.logits`` [B, 3]) on one ``EncodedPairs.batch``."""
-    return model(
-        batch["premise"],
-        batch["premise_mask"],
-        batch["hypothesis"],
-        batch["hypothesis_mask"],
-        batch.get("premise_heads"),
-        batch.get("hypothesis_heads"),
+    parser = load_pretrained_layer(
+        _parser_run(config),
+        config.hidden_dim,
+        config.parser_dim,
+        config.parser_layers,
+        config.embeddings,
+        config.normalize_embeddings,
+        config.unknown_buckets,
     )
+    copy_parser_layer(model, parser)
 
 
 def pipeline_heads(
@@ -348,36 +225,13 @@ def pipeline_heads(
     parser run ``config.parser`` (Eisner MAP trees); ``None`` for the other variants."""
     if config.attention != "hard-parent":
         return None
-    from . import parser as parser_recipe
-
-    parser, _, parser_config = parser_recipe.load_trained(config.parser, config.train.device)
-    unique = sorted({s for split in splits.values() for s in _sentences(split)})
-    heads = parser_recipe.parse_sentences(parser, parser_config, unique, config.train.device)
+    parser, _, parser_config = load_parser_run(config.parser, config.train.device)
+    unique = sorted({s for split in splits.values() for s in pair_sentences(split)})
+    heads = parse_sentences(parser, parser_config, unique, config.train.device)
     return dict(zip(unique, heads, strict=True))
 
 
 # ---- evaluation -------------------------------------------------------------------------------
-@torch.no_grad()
-def write_predictions(
-    path: str | Path, examples: Sequence[ClassificationExample], predicted: Sequence[int]
-) -> None:
-    """The NLI predictions JSONL (this recipe's and lstmn-nli's): one line per pair,
-    ``{index, premise, hypothesis, gold, predicted}`` with labels as names."""
-    runs.write_jsonl(
-        path,
-        (
-            {
-                "index": ex.index,
-                "premise": " ".join(ex.tokens),
-                "hypothesis": " ".join(ex.pair or ()),
-                "gold": ex.label,
-                "predicted": NLI_LABELS[p],
-            }
-            for ex, p in zip(examples, predicted, strict=True)
-        ),
-    )
-
-
 @torch.no_grad()
 def evaluate(
     model: DecomposableAttention,
@@ -389,21 +243,10 @@ def evaluate(
     """Accuracy (%), mean NLL and per-pair correctness (a string of 0/1 in example order) of
     ``encoded``; optionally writes ``predictions`` (JSONL: index, premise, hypothesis, gold,
     predicted)."""
-    device = torch.device(device)
-    model.eval()
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded.premise[i]))
-    predicted = [0] * len(encoded)
-    total = 0.0
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = encoded.batch(chunk, device)
-        logits = forward_batch(model, batch).logits
-        total += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
-        for i, p in zip(chunk, logits.argmax(-1).tolist(), strict=True):
-            predicted[i] = p
+    predicted, total = predict_pairs(model, encoded, torch.device(device), batch_size)
     correct = [int(p == g) for p, g in zip(predicted, encoded.labels, strict=True)]
     if predictions is not None:
-        write_predictions(predictions, encoded.examples, predicted)
+        write_nli_predictions(predictions, encoded.examples, predicted)
     n = max(len(encoded), 1)
     return {
         "accuracy": 100.0 * sum(correct) / n,
@@ -421,8 +264,8 @@ def prepare(
     table of a run."""
     _needs_parser(config)
     splits = load_data(config)
-    words = words or build_vocabulary(splits)
-    counts = Counter(t for s in _sentences(splits["train"]) for t in s)
+    words = words or nli_vocabulary(splits)
+    counts = Counter(t for s in pair_sentences(splits["train"]) for t in s)
     table = embedding_table(
         words, config.embeddings, config.normalize_embeddings, config.unknown_buckets, counts
     )
@@ -449,17 +292,9 @@ def train(config: NLIConfig, run_dir: str | Path, resume: bool = False) -> dict[
 
     def batches(epoch: int) -> list[list[int]]:
         # shuffled, then sorted by length within buckets of 50 batches (less padding)
-        order = list(range(len(train_set)))
         rng = random.Random(seed * 100_003 + epoch)
-        rng.shuffle(order)
-        span = 50 * config.batch_size
-        chunks: list[list[int]] = []
-        for s in range(0, len(order), span):
-            bucket = sorted(order[s : s + span], key=lambda i: len(train_set.premise[i]))
-            size = config.batch_size
-            chunks += [bucket[k : k + size] for k in range(0, len(bucket), size)]
-        rng.shuffle(chunks)
-        return chunks
+        lengths = [len(p) for p in train_set.premise]
+        return length_buckets(lengths, config.batch_size, rng)
 
     def loss(m: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, int]:
         logits = forward_batch(m, batch).logits
@@ -520,22 +355,9 @@ def score(config: NLIConfig, run_dir: str | Path) -> dict[str, Any]:
         device,
         predictions=run_dir / "test_predictions.jsonl",
     )
-    times = [float(r["time"]) for r in _metrics(run_dir) if r.get("kind") == "epoch"]
-    # an epoch's time (training + validation): the growth of fit's clock between epochs
-    # (a resumed run restarts the clock: that step is skipped)
-    steps = [b - a for a, b in zip([0.0, *times], times, strict=False) if b > a]
-    test["seconds_per_epoch"] = statistics.median(steps) if steps else None
+    test["seconds_per_epoch"] = epoch_seconds(run_dir)
     test["coverage"] = load_model_state(run_dir)["extra"].get("coverage")
     return {"valid": valid, "test": test}
-
-
-def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    import json
-
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _select(record: Mapping[str, Any]) -> float:
@@ -637,18 +459,15 @@ def visualize(checkpoint: str | Path, sentence: str, out: str | Path | None = No
         raise ValueError("the sentence has no tokens")
     ids = torch.tensor([words.encode(tokens)])  # [1, N]
     mask = torch.ones_like(ids, dtype=torch.bool)
-    with torch.no_grad():
-        x = model.project(model.embed(ids))
-        marginals = model.syntactic(x, mask).marginals[0]  # [N+1, N+1]
-        heads = model.syntactic.parse(x, mask)[0]  # [N+1], -1 at ROOT
+    heads, marginals = sentence_tree(model, ids, mask)  # [N+1] (-1 at ROOT), [N+1, N+1]
     folder = Path(out) if out else Path(checkpoint)
     path = folder / f"parse_{config.attention}.png"
     return [
         viz.dependency_arcs(
-            heads.tolist(),
+            heads[0].tolist(),
             ["$", *tokens],
             path,
-            marginals=marginals,
+            marginals=marginals[0],
             title=f"{NAMES[config.attention]} ({config.dataset}): Viterbi parse and marginals",
         )
     ]
@@ -658,7 +477,6 @@ def _viz(checkpoint: Path, options: VizOptions, out: Path | None) -> list[Path]:
     return visualize(checkpoint, options.sentence, out)
 
 
-@torch.no_grad()
 def induced_heads(
     model: DecomposableAttention,
     config: NLIConfig,
@@ -667,38 +485,16 @@ def induced_heads(
 ) -> list[list[int]]:
     """The Viterbi trees (heads, 0 = ROOT) of the model's syntactic attention layer on any
     tokenised sentences (their words get vectors by the run's embedding settings)."""
-    from .parser import word_vocabulary
-
     if model.syntactic is None:
         raise ValueError(f"a {config.attention} model has no syntactic attention layer")
-    words = word_vocabulary(sentences)
-    table = embedding_table(
-        words, config.embeddings, config.normalize_embeddings, config.unknown_buckets
-    ).weight.to(model.project.weight.device)
-    embed = nn.Embedding.from_pretrained(table, freeze=True, padding_idx=0)
-    model.eval()
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    out: list[list[int]] = [[] for _ in sentences]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        width = max(len(sentences[i]) for i in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # [B, N]
-        for b, i in enumerate(chunk):
-            ids[b, : len(sentences[i])] = torch.tensor(words.encode(sentences[i]))
-        ids = ids.to(table.device)
-        mask = ids != 0  # [B, N]
-        heads = model.syntactic.parse(model.project(embed(ids)), mask)  # [B, N+1]
-        for b, i in enumerate(chunk):
-            out[i] = heads[b, 1 : 1 + len(sentences[i])].tolist()
-    return out
-
-
-def branching_heads(length: int, direction: Literal["left", "right"]) -> list[int]:
-    """A chain: ``right`` = each word headed by the next (the last by ROOT), ``left`` = each
-    word headed by the previous one (the first by ROOT)."""
-    if direction == "right":
-        return [i + 2 for i in range(length - 1)] + [0]
-    return list(range(length))
+    return model_induced_heads(
+        model,
+        sentences,
+        config.embeddings,
+        config.normalize_embeddings,
+        config.unknown_buckets,
+        batch_size,
+    )
 
 
 def syntax_report(
@@ -707,8 +503,6 @@ def syntax_report(
     """UAS (%, punctuation included and excluded) of the model's induced trees against the
     gold trees of EWT ``split``, beside right- and left-branching chains. ``initial``: the
     pretrained variant's layer before NLI training (the parser run's weights)."""
-    from ..data.conllu import attachment_scores, default_ud_data_dir, read_conllu
-
     model, _, config = load_trained(checkpoint)
     if initial:
         if config.attention != "pretrained":
@@ -717,15 +511,8 @@ def syntax_report(
     folder = Path(ewt_dir) if ewt_dir else default_ud_data_dir()
     sentences = read_conllu(folder / f"en_ewt-ud-{split}.conllu")
     sentences = [s for s in sentences if len(s) > 0]
-    report: dict[str, Any] = {"sentences": len(sentences)}
-    for name, heads in (
-        ("model", induced_heads(model, config, [s.words for s in sentences])),
-        ("right-branching", [branching_heads(len(s), "right") for s in sentences]),
-        ("left-branching", [branching_heads(len(s), "left") for s in sentences]),
-    ):
-        scores = attachment_scores(sentences, heads)
-        report[name] = {"uas": 100 * scores.uas, "uas_no_punct": 100 * scores.uas_no_punct}
-    return report
+    heads = induced_heads(model, config, [s.words for s in sentences])
+    return uas_beside_branching(sentences, heads)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@
   :func:`line_curves` -- any metric against lengths or iterations, and
   :func:`training_curves` -- loss, learning rate and validation metrics of one or more
   runs from their ``metrics.jsonl`` (:mod:`.results`);
+* :mod:`.babi` -- bAbI results beside the paper's Table 4 (the markdown table and its bar
+  figures) and Figure 5 for one question (imported on use, not re-exported here);
 * :func:`require_matplotlib` -- fail fast, before long work, when plots cannot be drawn;
 * :func:`maximum_spanning_tree` -- re-exported from :mod:`structattn.structs.spanning_tree`
   (no matplotlib).
