@@ -209,13 +209,10 @@ _CACHE_ELEMENTS = 1 << 22
 # The C++ kernels run trees of at most this many positions in fused loops (_eisner.cpp: the
 # whole dynamic program on eight trees at once, in double precision; the split weights kept
 # under the same rule as the ATen path's, _CACHE_ELEMENTS, else recomputed by the outside
-# pass and the Hessian-vector product, one exp per term: memory O(B N^2)); measured at 1
-# thread, inside + outside + Hessian-vector product, B = 32, against the per-width ATen
-# operations: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15 (N = 40); at 2
-# threads, log Z forward + backward / marginals forward + backward, weights recomputed in
-# both: 12.0 vs 20.6 / 30.1 vs 52.7 ms at N = 80, B = 32; 22.2 vs 29.0 / 53.2 vs 75.7 at
-# N = 96; about equal at N = 128, B = 32, and the ATen path twice as fast at N = 128, B = 8
-# (one group of eight trees keeps one thread busy; the ATen path splits the batch).
+# pass and the Hessian-vector product, one exp per term: memory O(B N^2)); larger trees run
+# the per-width ATen operations, which split the batch over the threads where the fused
+# loops keep one thread per group of eight trees. The timings that set the limit:
+# benchmarks/README.md, "Figures behind the thresholds in structs/".
 _FUSED_SIZE = 96
 
 
