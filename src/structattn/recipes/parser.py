@@ -40,13 +40,9 @@ from ..data.conllu import (
     read_conllu,
     write_conllu,
 )
-from ..distributions import (
-    DependencyCRF,
-    NonProjectiveDependencyCRF,
-    projectivize,
-    structured_nll,
-)
+from ..distributions import DependencyCRF, NonProjectiveDependencyCRF, structured_nll
 from ..training import Task, TrainConfig, fit, load_model_state
+from ..trees import projectivize
 from . import runs
 from .base import GridAxis, Preset, Recipe, markdown_table
 from .config import config_from_dict, config_to_dict, replace_path
