@@ -58,9 +58,7 @@ __all__ = [
 Tree: TypeAlias = str | int | tuple["Tree", "Tree"]
 
 
-# ---- binary trees: SPLIT, brackets, spans -------------------------------------------------------
-
-
+# ---- binary trees: SPLIT, brackets, spans ------------------------------------------------------
 def _as_floats(distances: Tensor | Sequence[float]) -> list[float]:
     if isinstance(distances, Tensor):
         if distances.dim() != 1:
@@ -193,7 +191,7 @@ def tree_spans(
     return spans
 
 
-# ---- dependency trees: heads [B, N], ROOT at 0 -------------------------------------------------
+# ---- dependency trees: heads [B, N], ROOT at 0 ------------------------------------------------
 def is_tree(heads: Tensor, lengths: Tensor, multiroot: bool) -> Tensor:
     """BoolTensor [B]: ``heads`` [B, N] is a tree over positions 1..len-1 rooted at 0.
 
