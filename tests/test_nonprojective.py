@@ -24,7 +24,7 @@ from oracles import count_nonprojective, summarize, tree_score, trees  # noqa: E
 import structattn.structs.nonprojective as nonprojective  # noqa: E402
 from structattn.distributions.nonprojective import NonProjectiveDependencyCRF  # noqa: E402
 from structattn.semirings import MaxSemiring  # noqa: E402
-from structattn.structs.dependency import is_tree  # noqa: E402
+from structattn.trees import is_tree  # noqa: E402
 
 NEG_INF = float("-inf")
 MULTIROOT = pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])

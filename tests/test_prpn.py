@@ -11,6 +11,7 @@ import torch
 
 import structattn.nn.prpn as prpn_module
 import structattn.structs.stick_breaking as sb_module
+import structattn.trees as trees_module
 from structattn.nn.prpn import GatedSelfAttention, ParsingNetwork
 from structattn.structs.stick_breaking import (
     bradley_terry_distribution,
@@ -18,12 +19,10 @@ from structattn.structs.stick_breaking import (
     bradley_terry_gates,
     expected_gates,
     gated_attention_weights,
-    split_tree,
     stick_breaking_distribution,
     stick_breaking_gates,
-    tree_spans,
-    tree_to_brackets,
 )
+from structattn.trees import split_tree, tree_spans, tree_to_brackets
 
 F64 = torch.float64
 # The running example of the notes: t = 4, raw attention over i < 4 and scores d_0..d_4.
@@ -446,6 +445,6 @@ def test_validation_errors() -> None:
 
 
 def test_docstring_examples() -> None:
-    for module in (sb_module, prpn_module):
+    for module in (sb_module, prpn_module, trees_module):
         result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -15,7 +15,7 @@ from structattn.recipes.prpn import (  # noqa: E402
     parse_baselines,
     parse_sentences,
 )
-from structattn.structs.stick_breaking import tree_spans  # noqa: E402
+from structattn.trees import tree_spans  # noqa: E402
 
 TOY = "( (S (NP (DT the) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat))))) )"
 

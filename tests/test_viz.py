@@ -28,8 +28,8 @@ from structattn.attention import (
 )
 from structattn.structs.nonprojective import chu_liu_edmonds
 from structattn.structs.spanning_tree import maximum_spanning_tree
-from structattn.structs.stick_breaking import split_tree
 from structattn.training import Task, TrainConfig, fit
+from structattn.trees import split_tree
 
 # the plots need matplotlib; the spanning tree and the import checks do not
 needs_matplotlib = pytest.mark.skipif(

@@ -4,7 +4,9 @@ Layers (``structattn.attention`` and ``structattn.nn``) sit on an exact inferenc
 :class:`LinearChainCRF`, :class:`DependencyCRF` (projective, Eisner),
 :class:`NonProjectiveDependencyCRF` (matrix-tree theorem), :func:`mean_field_marginals`
 (fully connected binary CRF) and the PRPN stick-breaking gates; :func:`structured_nll` is
-the CRF training loss and :func:`is_projective` / :func:`projectivize` prepare treebanks.
+the CRF training loss and :func:`is_projective` / :func:`projectivize` prepare treebanks
+(these and the bracketing helpers :func:`split_tree` / :func:`tree_to_brackets` live in
+:mod:`structattn.trees`, which needs no dynamic program).
 """
 
 from .attention import (
@@ -24,8 +26,6 @@ from .distributions import (
     SplitTreeDistribution,
     StructuredDistribution,
     TreeCRF,
-    is_projective,
-    projectivize,
     structured_nll,
 )
 from .nn import LSTMN, GatedSelfAttention, LSTMNCell, LSTMNDecoder, ParsingNetwork
@@ -34,11 +34,10 @@ from .structs.stick_breaking import (
     bradley_terry_distribution,
     expected_gates,
     gated_attention_weights,
-    split_tree,
     stick_breaking_distribution,
     stick_breaking_gates,
-    tree_to_brackets,
 )
+from .trees import is_projective, projectivize, split_tree, tree_to_brackets
 
 __all__ = [
     "LSTMN",

@@ -140,3 +140,44 @@ def split_attention_mask(
         raise ValueError(f"`{name}` contains NaN or +inf")
     allowed = mask != float("-inf")
     return allowed, mask.to(dtype).masked_fill(~allowed, 0.0)
+
+
+def check_heads(heads: object, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Check ``heads`` [B, N] (integers; at real words 1..len-1 in [0, len)) and ``lengths``;
+    return (heads as LongTensor, lengths [B], real-word mask [B, N])."""
+    if not isinstance(heads, Tensor) or heads.dim() != 2 or heads.shape[1] < 2:
+        shape = tuple(heads.shape) if isinstance(heads, Tensor) else type(heads).__name__
+        raise ValueError(f"`heads` must be a LongTensor [B, N] with N >= 2, got {shape}")
+    if heads.is_floating_point() or heads.is_complex() or heads.dtype == torch.bool:
+        raise ValueError(f"`heads` must be an integer tensor, got dtype {heads.dtype}")
+    batch, size = heads.shape
+    lengths = check_lengths(lengths, batch, 2, size, heads.device)
+    if lengths is None:
+        lengths = torch.full((batch,), size, dtype=torch.long, device=heads.device)
+    heads = heads.long()
+    real = length_mask(lengths, batch, size, heads.device)
+    real[:, 0] = False  # ROOT has no head
+    check_head_range(heads, lengths, real)
+    return heads, lengths, real
+
+
+def check_head_range(
+    heads: Tensor, lengths: Tensor, real: Tensor, allow_none: bool = False
+) -> None:
+    """ValueError naming ``heads`` if a real word's head is not a position of its item.
+
+    ``allow_none``: an item with ``-1`` at every word is accepted (the "no tree" that
+    ``argmax`` and ``sample`` return for an item with no valid tree).
+    """
+    bad = ((heads < 0) | (heads >= lengths.unsqueeze(-1))) & real  # [B, N]
+    if allow_none:
+        none = ((heads == -1) | ~real).all(-1, keepdim=True)  # [B, 1]
+        bad &= ~none
+    if bool(bad.any()):
+        item, word = (int(i) for i in bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"`heads` out of range: heads[{item}, {word}] = {int(heads[item, word])}, but a "
+            f"word's head must be a position of its item, in [0, {int(lengths[item])}) "
+            f"(0 = ROOT; entries at position 0 and at padding are ignored); "
+            f"{int(bad.sum())} such entries in all"
+        )

@@ -119,7 +119,8 @@ class MeanFieldAttention(nn.Module):
         a = keys.pair  # [B, N, r] A h_i / r^(1/4), 0 at padding
         batch, n, rank = a.shape
         scaled = a.unsqueeze(1) * gate.unsqueeze(2)  # [B, Q, N, r]
-        # one bmm for all the queries (a 4-D matmul broadcasting a^T is ~1.7x slower)
+        # one bmm for all the queries (a 4-D matmul broadcasting a^T is slower; timed in
+        # benchmarks/README.md, "Mean-field attention vs softmax attention")
         coupling = torch.bmm(scaled.reshape(batch, -1, rank), a.transpose(1, 2))  # [B, Q*N, N]
         return coupling.view(batch, -1, n, n) * keys.off_diagonal  # [B, Q, N, N]
 

@@ -203,7 +203,7 @@ def is_projective(heads: Sequence[int]) -> bool:
     dominated by the head). ``heads[i]`` is the head of word i + 1 (0 = root).
 
     One sentence through the library's batched check,
-    :func:`structattn.distributions.is_projective` (``[B, N]`` tensors with ROOT at
+    :func:`structattn.trees.is_projective` (``[B, N]`` tensors with ROOT at
     position 0), so there is one implementation; :func:`conllu_stats` batches a treebank.
 
     >>> is_projective([2, 0, 2]), is_projective([3, 4, 0, 3])
@@ -216,7 +216,7 @@ def _projective(trees: Sequence[Sequence[int]]) -> list[bool]:
     """:func:`is_projective` of many head sequences, padded into one batch per 512."""
     import torch
 
-    from ..distributions import is_projective as batched
+    from ..trees import is_projective as batched
 
     out: list[bool] = []
     for start in range(0, len(trees), 512):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..io import read_utf8, shared_data_dir
-from ..structs.stick_breaking import split_tree, tree_spans
+from ..trees import split_tree, tree_spans
 
 __all__ = [
     "WORD_TAGS",

@@ -8,163 +8,20 @@ import torch
 from torch import Tensor
 
 from .._precision import autocast_widened
-from .._validation import check_lengths, check_potentials, length_mask
+from .._validation import check_head_range, check_lengths, check_potentials, length_mask
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.dependency import (
     eisner_argmax,
     eisner_inside,
     eisner_log_partition,
     eisner_max,
-    is_tree,
     tree_score,
 )
-from ..structs.dependency import is_projective as _crossing_free
+from ..trees import crossing_free, is_projective, is_tree, projectivize
 from .base import StructuredDistribution
 
+# is_projective and projectivize live in structattn.trees (no dynamic program); re-exported here
 __all__ = ["DependencyCRF", "TreeCRFBase", "is_projective", "projectivize"]
-
-
-def _check_heads(heads: object, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Check ``heads`` [B, N] (integers; at real words 1..len-1 in [0, len)) and ``lengths``;
-    return (heads as LongTensor, lengths [B], real-word mask [B, N])."""
-    if not isinstance(heads, Tensor) or heads.dim() != 2 or heads.shape[1] < 2:
-        shape = tuple(heads.shape) if isinstance(heads, Tensor) else type(heads).__name__
-        raise ValueError(f"`heads` must be a LongTensor [B, N] with N >= 2, got {shape}")
-    if heads.is_floating_point() or heads.is_complex() or heads.dtype == torch.bool:
-        raise ValueError(f"`heads` must be an integer tensor, got dtype {heads.dtype}")
-    batch, size = heads.shape
-    lengths = check_lengths(lengths, batch, 2, size, heads.device)
-    if lengths is None:
-        lengths = torch.full((batch,), size, dtype=torch.long, device=heads.device)
-    heads = heads.long()
-    real = length_mask(lengths, batch, size, heads.device)
-    real[:, 0] = False  # ROOT has no head
-    _check_head_range(heads, lengths, real)
-    return heads, lengths, real
-
-
-def _check_head_range(
-    heads: Tensor, lengths: Tensor, real: Tensor, allow_none: bool = False
-) -> None:
-    """ValueError naming ``heads`` if a real word's head is not a position of its item.
-
-    ``allow_none``: an item with ``-1`` at every word is accepted (the "no tree" that
-    ``argmax`` and ``sample`` return for an item with no valid tree).
-    """
-    bad = ((heads < 0) | (heads >= lengths.unsqueeze(-1))) & real  # [B, N]
-    if allow_none:
-        none = ((heads == -1) | ~real).all(-1, keepdim=True)  # [B, 1]
-        bad &= ~none
-    if bool(bad.any()):
-        item, word = (int(i) for i in bad.nonzero()[0].tolist())
-        raise ValueError(
-            f"`heads` out of range: heads[{item}, {word}] = {int(heads[item, word])}, but a "
-            f"word's head must be a position of its item, in [0, {int(lengths[item])}) "
-            f"(0 = ROOT; entries at position 0 and at padding are ignored); "
-            f"{int(bad.sum())} such entries in all"
-        )
-
-
-def is_projective(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
-    """Whether each tree is projective: BoolTensor [B], True where no two arcs cross.
-
-    Args:
-        heads: LongTensor [B, N]; ``heads[b, m]`` is the head of word m (1..len-1), position
-            0 the ROOT symbol; entries at position 0 and at padding are ignored.
-        lengths: LongTensor [B] of positions including ROOT, in 2..N (``None`` = all N).
-
-    Arcs ``h -> m`` are intervals ``[min(h, m), max(h, m)]`` of positions, ROOT = 0 included;
-    two arcs cross if ``a < c < b < d``. For a tree this is the same as "every arc dominates
-    the words between its ends", i.e. the tree has probability > 0 under
-    :class:`DependencyCRF`. ``heads`` need not be a tree (only its arcs are looked at).
-    Raises ``ValueError`` if a real word's head is not a position of its item.
-    O(B N^2) time and memory.
-
-    Example:
-        >>> is_projective(torch.tensor([[-1, 2, 0, 2], [-1, 3, 0, 0]])).tolist()
-        [True, False]
-    """
-    heads, lengths, _ = _check_heads(heads, lengths)
-    return _crossing_free(heads, lengths)
-
-
-def projectivize(heads: Tensor, lengths: Tensor | None = None) -> Tensor:
-    """The projective tree nearest to each tree by *lifting* (Nivre & Nilsson 2005).
-
-    An arc ``h -> m`` is non-projective if a word between h and m is not a descendant of h.
-    While a tree has one, its shortest non-projective arc (ties: the leftmost modifier) is
-    lifted to the head's head, ``head(h) -> m``, as in pseudo-projective parsing (Nivre &
-    Nilsson 2005; Kübler, McDonald & Nivre 2009). Each lift keeps a tree (the new
-    head is an ancestor of m) and lifting ends with a projective tree; projective trees are
-    returned unchanged. Arcs from ROOT and from a sole child of ROOT are never
-    non-projective, so a tree with one child of ROOT keeps one (``multiroot=False`` data
-    stay valid). Lifting only moves a word up to an ancestor, so it is not the projective
-    tree with the fewest changed heads in general (for 19% of the non-projective trees of 5
-    words, counting multi-root ones, another projective tree changes 1-2 heads fewer); it is
-    the standard transformation of treebanks for projective parsers.
-
-    Use it to train :class:`DependencyCRF` on a treebank with crossing arcs (a
-    non-projective gold tree has probability 0 under it); the evaluation should use the
-    original trees.
-
-    Args:
-        heads: LongTensor [B, N] of trees (``heads[b, m]`` the head of word m, ROOT = 0);
-            entries at position 0 and at padding are ignored and returned as given.
-        lengths: LongTensor [B] of positions including ROOT, in 2..N (``None`` = all N).
-
-    Returns:
-        LongTensor [B, N]: the lifted heads.
-
-    Raises ``ValueError`` if a head is out of range or an item is not a tree. Preprocessing:
-    batched, one lift per item per step (as many steps as the item with the most lifts;
-    each step O(A N^2) for the A items still lifting, one host sync), memory O(B N^2); it
-    runs on the device of ``heads``.
-
-    Example:
-        >>> projectivize(torch.tensor([[-1, 0, 3, 0, 1]])).tolist()  # 1 -> 4 spans 3
-        [[-1, 0, 3, 0, 0]]
-    """
-    heads, lengths, real = _check_heads(heads, lengths)
-    batch, size = heads.shape
-    device = heads.device
-    trees = is_tree(heads, lengths, multiroot=True)
-    if not bool(trees.all()):
-        items = (~trees).nonzero().flatten().tolist()
-        raise ValueError(
-            f"`heads` must be trees rooted at position 0 (no cycles or self-loops); items "
-            f"{items[:10]}{' ...' if len(items) > 10 else ''} are not"
-        )
-    pos = torch.arange(size, device=device)
-    # a parent pointer for every position (ROOT and padding point to ROOT)
-    parent = torch.where(real, heads, torch.zeros_like(heads))  # [B, N]
-    # dominated[b, w, h]: h is w itself or an ancestor of w (depth < N: N pointer steps)
-    dominated = torch.zeros(batch, size, size, dtype=torch.bool, device=device)
-    node = pos.expand(batch, size)  # [B, N]: the ancestor of each word at this depth
-    for _ in range(size):
-        dominated.scatter_(2, node.unsqueeze(-1), True)
-        node = parent.gather(1, node)
-    active = torch.arange(batch, device=device)  # items that may still have a crossing
-    while active.numel():
-        par, dom, words = parent[active], dominated[active], real[active]  # [A, N], [A, N, N]
-        # arc par[m] -> m spans the words w strictly between its two ends
-        low = torch.minimum(par, pos)  # [A, N (m)]
-        high = torch.maximum(par, pos)
-        between = (low.unsqueeze(-1) < pos) & (pos < high.unsqueeze(-1))  # [A, N (m), N (w)]
-        # covered[a, m, w]: the head of m dominates w, i.e. dom[a, w, par[a, m]]
-        covered = dom.gather(2, par.unsqueeze(1).expand_as(dom)).transpose(1, 2)
-        bad = (between & ~covered).any(-1) & words  # [A, N]: non-projective arcs
-        lift = bad.any(-1)  # [A]
-        active, bad, par, low, high = active[lift], bad[lift], par[lift], low[lift], high[lift]
-        if not active.numel():
-            break
-        # the shortest non-projective arc of each item (argmin: the leftmost on ties) ...
-        word = (high - low).masked_fill(~bad, size + 1).argmin(-1)  # [A]
-        head = par.gather(1, word.unsqueeze(-1)).squeeze(-1)  # [A]
-        # ... moves to its head's head; the subtree of the word loses the head as ancestor
-        parent[active, word] = parent[active, head]
-        subtree = dominated[active, :, word]  # [A, N]: w in the subtree of the word
-        dominated[active, :, head] &= ~subtree
-    return torch.where(real, parent, heads)
 
 
 @lru_cache(maxsize=32)
@@ -246,7 +103,7 @@ class TreeCRFBase(StructuredDistribution):
         if value.is_floating_point() or value.is_complex():
             raise ValueError(f"`heads` must be an integer tensor, got dtype {value.dtype}")
         heads = value.to(device=self.arc_scores.device, dtype=torch.long)
-        _check_head_range(heads, self._lengths_full, mask, allow_none=True)
+        check_head_range(heads, self._lengths_full, mask, allow_none=True)
         return self._tree_score(heads)
 
     def _tree_score(self, heads: Tensor) -> Tensor:
@@ -324,7 +181,7 @@ class DependencyCRF(TreeCRFBase):
         return eisner_inside(parts[0], lengths, self.multiroot, semiring)
 
     def _valid(self, heads: Tensor) -> Tensor:
-        return super()._valid(heads) & _crossing_free(heads, self._lengths_full)
+        return super()._valid(heads) & crossing_free(heads, self._lengths_full)
 
     @cached_property
     def argmax(self) -> Tensor:
@@ -341,7 +198,7 @@ class DependencyCRF(TreeCRFBase):
         heads = value[item : item + 1].to(device=self.arc_scores.device, dtype=torch.long)
         length = self._lengths_full[item : item + 1]
         if bool(is_tree(heads, length, self.multiroot)[0]) and not bool(
-            _crossing_free(heads, length)[0]
+            crossing_free(heads, length)[0]
         ):
             return (
                 "a non-projective tree (DependencyCRF covers projective trees only: "

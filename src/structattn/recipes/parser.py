@@ -38,7 +38,7 @@ from ..data.conllu import (
     write_conllu,
 )
 from ..data.embeddings import embedding_table
-from ..distributions import DependencyCRF, NonProjectiveDependencyCRF, projectivize, structured_nll
+from ..distributions import DependencyCRF, NonProjectiveDependencyCRF, structured_nll
 from ..models.parser import (
     ArcParser,
     WordFeatures,
@@ -48,6 +48,7 @@ from ..models.parser import (
     predict_heads_and_tags,
 )
 from ..training import Task, fit, load_model_state
+from ..trees import projectivize
 from . import runs
 from ._parsing import LOSSES, ParserConfig, epoch_seconds, load_parser_run
 from .base import GridAxis, Preset, Recipe, Reporting, Tools

@@ -60,8 +60,8 @@ from ..io import read_sentences
 from ..metrics import bracket_f1
 from ..models.language_model import RNNLanguageModel
 from ..models.prpn_lm import GateChoice, PRPNConfig, PRPNLanguageModel
-from ..structs.stick_breaking import split_tree, tree_spans, tree_to_brackets
 from ..training import TrainConfig
+from ..trees import split_tree, tree_spans, tree_to_brackets
 from . import runs
 from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus, perplexity_bars
 from .base import GridAxis, Preset, Recipe, Reporting, Tools

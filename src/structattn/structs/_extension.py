@@ -4,11 +4,12 @@ matrix-tree theorem (``_matrix_tree.cpp``).
 
 The PyTorch code in :mod:`structattn.structs.dependency` and
 :mod:`structattn.structs.nonprojective` is the reference; the C++ ports run the same
-operations without Python overhead and with the batch split over the CPU threads (about 2x
-faster Eisner on CPU). It is compiled once by :func:`torch.utils.cpp_extension.load` (needs a C++
-compiler and ``ninja``: ``pip install ninja``). Without them structattn warns once and uses the
-PyTorch code. ``STRUCTATTN_EXTENSION=0`` turns the kernels off; ``STRUCTATTN_EXTENSION=require``
-makes a failed build an error (CI uses it, so that the kernels are really tested).
+operations without Python overhead and with the batch split over the CPU threads (faster
+on CPU; the timings are in benchmarks/README.md). It is compiled once by
+:func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ``ninja``: ``pip install
+ninja``). Without them structattn warns once and uses the PyTorch code.
+``STRUCTATTN_EXTENSION=0`` turns the kernels off; ``STRUCTATTN_EXTENSION=require`` makes a
+failed build an error (CI uses it, so that the kernels are really tested).
 
 **The build cache.** A build is cached under ``TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``) in a directory named by :func:`build_name`: a hash of
@@ -84,7 +85,7 @@ def build_name(
     it was launched by), torch (path, version, C++ ABI), the platform, the compiler's
     environment (``CXX``, ``CXXFLAGS``, ...), the flags and the text of ``files`` (by default
     the kernels' sources and headers): a build differs exactly when the name does. Reads the
-    sources (~0.1 ms), once per process in practice."""
+    sources (cheap), once per process in practice."""
     if files is None:
         files = _SOURCES + _HEADERS
     if cflags is None or ldflags is None:
@@ -212,7 +213,7 @@ def _build(mode: str) -> ModuleType | None:
         warnings.warn(
             "structattn: the C++ kernels could not be built "
             f"({type(err).__name__}: ...{str(err).strip()[-400:]}); using the PyTorch "
-            "implementation (projective trees about 2x slower on CPU). Install a C++ compiler and "
+            "implementation (slower on CPU). Install a C++ compiler and "
             "`pip install ninja`, or set STRUCTATTN_EXTENSION=0 to silence this.",
             RuntimeWarning,
             stacklevel=3,

@@ -1,4 +1,4 @@
-"""Projective dependency trees: Eisner's algorithm, tree checks.
+"""Projective dependency trees: Eisner's algorithm (tree checks: :mod:`structattn.trees`).
 
 Shapes: ``arc_scores`` [B, N, N] with position 0 the ROOT symbol and ``arc_scores[b, h, m]``
 the score of the arc h -> m; ``lengths`` [B] counts positions including ROOT.
@@ -21,7 +21,6 @@ each one batched step over all N - w spans of width w):
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, NamedTuple
 
 import torch
@@ -31,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ..trees import is_projective, is_tree  # re-exported: their old import path
 from ._extension import kernels as compiled_kernels
 
 __all__ = [
@@ -211,13 +211,10 @@ _CACHE_ELEMENTS = 1 << 22
 # The C++ kernels run trees of at most this many positions in fused loops (_eisner.cpp: the
 # whole dynamic program on eight trees at once, in double precision; the split weights kept
 # under the same rule as the ATen path's, _CACHE_ELEMENTS, else recomputed by the outside
-# pass and the Hessian-vector product, one exp per term: memory O(B N^2)); measured at 1
-# thread, inside + outside + Hessian-vector product, B = 32, against the per-width ATen
-# operations: 0.1 vs 1.0 ms at N = 10, 0.6 vs 3.1 (N = 20), 5.5 vs 15 (N = 40); at 2
-# threads, log Z forward + backward / marginals forward + backward, weights recomputed in
-# both: 12.0 vs 20.6 / 30.1 vs 52.7 ms at N = 80, B = 32; 22.2 vs 29.0 / 53.2 vs 75.7 at
-# N = 96; about equal at N = 128, B = 32, and the ATen path twice as fast at N = 128, B = 8
-# (one group of eight trees keeps one thread busy; the ATen path splits the batch).
+# pass and the Hessian-vector product, one exp per term: memory O(B N^2)); larger trees run
+# the per-width ATen operations, which split the batch over the threads where the fused
+# loops keep one thread per group of eight trees. The timings that set the limit:
+# benchmarks/README.md, "Figures behind the thresholds in structs/".
 _FUSED_SIZE = 96
 
 
@@ -627,42 +624,3 @@ def tree_score(arc_scores: Tensor, heads: Tensor, mask: Tensor) -> Tensor:
     safe = heads.masked_fill(~mask, 0).clamp(0, arc_scores.shape[-1] - 1)
     scores = arc_scores.gather(1, safe.unsqueeze(1)).squeeze(1)  # [B, N]: arc heads[m] -> m
     return scores.masked_fill(~mask, 0.0).sum(-1)
-
-
-def is_tree(heads: Tensor, lengths: Tensor, multiroot: bool) -> Tensor:
-    """BoolTensor [B]: ``heads`` [B, N] is a tree over positions 1..len-1 rooted at 0.
-
-    Real modifiers are positions 1..lengths-1; entries at 0 and at padding are ignored.
-    With ``multiroot=False`` exactly one modifier has head 0.
-    """
-    batch, size = heads.shape
-    device = heads.device
-    pos = torch.arange(size, device=device)
-    real = (pos >= 1) & (pos < lengths.unsqueeze(-1))  # [B, N]
-    in_range = (heads >= 0) & (heads < lengths.unsqueeze(-1)) & (heads != pos)
-    ok = (in_range | ~real).all(-1)
-    parent = torch.where(real & in_range, heads, torch.zeros_like(heads))
-    for _ in range(max(1, math.ceil(math.log2(max(size, 2)))) + 1):
-        parent = parent.gather(1, parent)  # pointer jumping: ancestor 2^k steps up
-    ok &= ((parent == 0) | ~real).all(-1)  # every real node reaches ROOT: no cycle
-    if not multiroot:
-        ok &= ((heads == 0) & real).sum(-1) == 1
-    return ok
-
-
-def is_projective(heads: Tensor, lengths: Tensor) -> Tensor:
-    """BoolTensor [B]: no two arcs of ``heads`` [B, N] cross (ROOT at position 0 included)."""
-    size = heads.shape[1]
-    pos = torch.arange(size, device=heads.device)
-    real = (pos >= 1) & (pos < lengths.unsqueeze(-1))
-    safe = heads.masked_fill(~real, 0)
-    left = torch.minimum(safe, pos).unsqueeze(-1)  # [B, N, 1]
-    right = torch.maximum(safe, pos).unsqueeze(-1)
-    # arcs a (rows) and b (cols) cross if left_a < left_b < right_a < right_b
-    cross = (
-        (left < left.transpose(1, 2))
-        & (left.transpose(1, 2) < right)
-        & (right < right.transpose(1, 2))
-    )
-    both = real.unsqueeze(-1) & real.unsqueeze(1)
-    return ~(cross & both).flatten(1).any(-1)

@@ -32,9 +32,9 @@ __all__ = [
 
 def _use_scan(n: int, c: int) -> bool:
     """The parallel scan does O(N C^3) work in O(log N) steps, the forward algorithm O(N C^2)
-    in N steps. Measured on CPU (B = 32, log Z forward + backward), the scan takes 0.25-0.65x
-    the time for C = 2 and N >= 20, 0.4-0.8x for C = 3, 0.56-0.8x for C = 4 and N >= 50, and
-    is slower from C = 6 on."""
+    in N steps; on CPU the scan was faster for C <= 3 from N of about 20 and for C = 4 from
+    N of about 50, and slower from C = 6 on (the timings: benchmarks/README.md, "Figures
+    behind the thresholds in structs/")."""
     return (c <= 3 and n >= 16) or (c == 4 and n >= 48)
 
 
@@ -538,21 +538,16 @@ def _hvp_by_autograd(
 
 #: the C++ kernels (``_chain.cpp``: one loop per chain, the log-space pass in double
 #: precision) serve chains with up to this many labels (``method="auto"``, CPU, float32 and
-#: float64); more labels run the batched code above (O(C^2) exps per step in the kernel).
-#: Measured at 2 threads, B = 32, log Z fwd+bwd / marginals fwd+bwd, batched vs kernel:
-#: C = 10, N = 200, shared transitions 4.5 / 9.0 vs 2.3 / 1.7 ms, per-step 7.8 / 12.3 vs
-#: 2.8 / 2.9; C = 16, N = 200, shared 4.4 / 8.7 vs 4.4 / 3.7, per-step 19.0 / 17.3 vs
-#: 6.3 / 6.9 (the batched code wins from about C = 25, the kernel's C^2 exps per step)
+#: float64); more labels run the batched code above (O(C^2) exps per step in the kernel,
+#: which loses to the batched code from about C = 25). The timings: benchmarks/README.md,
+#: "Figures behind the thresholds in structs/".
 _KERNEL_LABELS = 16
 #: ... and, for one [C, C] matrix shared by every step (exponentiated once: C multiply-adds
 #: per label and step), up to _SHARED_LABELS labels while the kernel's [B, N-1, C, C] double
-#: buffer holds at most _SHARED_BUFFER elements (8 MiB). ``benchmarks/chain_labels.py`` (B =
-#: 32, 2 threads, two runs; log Z fwd+bwd and marginals fwd+bwd, kernel vs batched): at
-#: C = 25, N = 20-50 the kernel is faster in 12 of 16 comparisons (up to 2.4x; variable
-#: lengths gain most, the batched code running every item to the longest), 1.04-1.08x slower
-#: for full-length marginals fwd+bwd at N = 50 (and once 1.8x for log Z at N = 30, in the
-#: noisier run); from N = 100 with full lengths its marginals fwd+bwd win in one run and
-#: lose in the other (up to 1.5x at N = 200); at C = 32 they lose from N = 20 (1.3-1.8x)
+#: buffer holds at most _SHARED_BUFFER elements (8 MiB): with 25 labels the kernel mostly
+#: wins up to N = 50 (variable lengths most, the batched code running every item to the
+#: longest), is even with it from N = 100 and loses at 32 labels. The timings, from
+#: ``benchmarks/chain_labels.py``: benchmarks/README.md, "Chains with 17-26 labels".
 _SHARED_LABELS = 26
 _SHARED_BUFFER = 1 << 20
 
@@ -716,8 +711,8 @@ def _zero_padding(unary: Tensor, lengths: Tensor | None, kernels: bool) -> Tenso
     """``unary`` with 0 at padding for the PyTorch code of the first passes (it computes
     every position and selects: NaN or +inf there would leak into its outputs and
     gradients); as is when the C++ kernels serve the call (``kernels``: they stop at each
-    item's length; one masking op fewer forward and backward, about 12 us each at B = 32,
-    N = 50, C = 10)."""
+    item's length; one masking op fewer forward and backward, timed in benchmarks/README.md,
+    "Ours warm against the bound; chains without padding masks")."""
     if lengths is None or kernels:
         return unary
     mask = length_mask(lengths, unary.shape[0], unary.shape[1], unary.device)

@@ -131,9 +131,9 @@ def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tens
     ``sigmoid(phi)`` with unary [*, N] and coupling [*, N, N] (same leading dimensions), no
     checks and no masking (zero the coupling's columns at padding): the kernel of
     :func:`mean_field_marginals` and of the mean-field attention layers. From k = 2 on, one
-    autograd node with a hand-written backward (k = 5, [64, 15, 15], one thread: forward and
-    backward 0.25 -> 0.19 ms); k <= 1 is recorded op by op, cheaper than the node's fixed
-    cost."""
+    autograd node with a hand-written backward (faster than the recorded ops: timed in
+    benchmarks/README.md, "Mean-field attention vs softmax attention in a training step");
+    k <= 1 is recorded op by op, cheaper than the node's fixed cost."""
     if iterations <= 1:
         return _iterates(unary, coupling, iterations)[-1]
     return _MeanFieldUpdates.apply(unary, coupling, iterations)

@@ -46,20 +46,20 @@ Conventions (all functions batched, every step t at once):
 * Products are computed with :func:`torch.cumprod`, whose backward is exact when some alpha is
   exactly 0 or 1 (hardtanh saturates): no logs, no NaN in values or gradients.
 
-Tree extraction (notes, section 4): :func:`split_tree` greedily splits a span at the argmax of
-the distances; :func:`tree_to_brackets` and :func:`tree_spans` serialise the result.
+Tree extraction (notes, section 4) needs no dynamic program and lives in :mod:`structattn.trees`:
+:func:`~structattn.trees.split_tree` greedily splits a span at the argmax of the distances;
+:func:`~structattn.trees.tree_to_brackets` and :func:`~structattn.trees.tree_spans` serialise
+the result (all three, and ``Tree``, are re-exported here under their old import path).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Literal, TypeAlias
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from .._validation import check_mask, check_potentials
+from ..trees import Tree, split_tree, tree_spans, tree_to_brackets  # re-exported (old path)
 
 __all__ = [
     "Tree",
@@ -74,9 +74,6 @@ __all__ = [
     "tree_spans",
     "tree_to_brackets",
 ]
-
-#: A binary tree: a leaf (token) or a pair (left, right) of trees.
-Tree: TypeAlias = str | int | tuple["Tree", "Tree"]
 
 
 # ---- validation and masks ----------------------------------------------------------------------
@@ -350,132 +347,3 @@ def gated_attention_weights(
     positive = total >= torch.finfo(total.dtype).tiny
     safe_total = torch.where(positive, total, torch.ones_like(total))
     return torch.where(positive, gated / safe_total, torch.zeros_like(gated))
-
-
-# ---- tree extraction --------------------------------------------------------------------------
-def _as_floats(distances: Tensor | Sequence[float]) -> list[float]:
-    if isinstance(distances, Tensor):
-        if distances.dim() != 1:
-            raise ValueError(
-                f"`distances` must be one-dimensional, got shape {tuple(distances.shape)}"
-            )
-        values = [float(v) for v in distances.detach().tolist()]
-    else:
-        try:
-            values = [float(v) for v in distances]
-        except (TypeError, ValueError) as err:
-            raise ValueError("`distances` must be a 1-d tensor or a sequence of numbers") from err
-    if any(v != v for v in values):
-        raise ValueError("`distances` contains NaN")
-    return values
-
-
-def split_tree(
-    distances: Tensor | Sequence[float],
-    tokens: Sequence[str] | Sequence[int] | None = None,
-    attach: Literal["right", "left"] = "right",
-) -> Tree:
-    r"""Greedy recursive SPLIT (notes, section 4): a binary tree from syntactic distances.
-
-    In a span x, choose i = argmax of d over the span (the leftmost one on ties) and return
-
-    * ``attach="right"`` (the notes and PRPN): (SPLIT(x_{<i}), (x_i, SPLIT(x_{>i}))),
-    * ``attach="left"``: ((SPLIT(x_{<i}), x_i), SPLIT(x_{>i})),
-
-    where an empty part is dropped instead of kept as an empty node, so that ``(∅, y)`` becomes
-    ``y`` and ``(x_i, ∅)`` becomes ``x_i``; every internal node has exactly two children.
-    A one-token span is the token itself.
-
-    This is exactly ``build_tree`` of PRPN's ``test_phrase_grammar.py`` (``numpy.argmax``
-    picks the first maximum; empty parts are skipped): there too x_i opens the right part,
-    i.e. d_i acts as the distance between x_{i-1} and x_i. PRPN parses with ``gates[1:-1]``,
-    dropping the sentence-boundary tokens. ``attach="left"`` reads d_i as the distance
-    between x_i and x_{i+1} instead.
-
-    Args:
-        distances: [T] distances (1-d tensor or sequence of numbers), T >= 1.
-        tokens: T leaves (default: the positions 0, ..., T-1); leaves must not be tuples.
-        attach: side of the split that the chosen token x_i joins.
-
-    Returns:
-        nested 2-tuples with the tokens as leaves. Recursion depth is at most T.
-
-    Example:
-        >>> split_tree([0.5, 0.1, 0.9, 0.2], tokens="a b c d".split())
-        (('a', 'b'), ('c', 'd'))
-    """
-    values = _as_floats(distances)
-    if not values:
-        raise ValueError("`distances` must contain at least one value")
-    leaves: list[str | int] = list(range(len(values))) if tokens is None else list(tokens)
-    if len(leaves) != len(values):
-        raise ValueError(f"`tokens` must have {len(values)} entries, got {len(leaves)}")
-    if any(isinstance(leaf, tuple) for leaf in leaves):
-        raise ValueError("`tokens` must not contain tuples (tuples are internal tree nodes)")
-    if attach not in ("right", "left"):
-        raise ValueError(f"`attach` must be 'right' or 'left', got {attach!r}")
-
-    def join(left: Tree | None, right: Tree | None) -> Tree | None:
-        if left is None:
-            return right
-        if right is None:
-            return left
-        return (left, right)
-
-    def split(start: int, end: int) -> Tree | None:  # span [start, end)
-        if start >= end:
-            return None
-        if end - start == 1:
-            return leaves[start]
-        i = max(range(start, end), key=lambda k: (values[k], -k))  # leftmost argmax
-        if attach == "right":
-            return join(split(start, i), join(leaves[i], split(i + 1, end)))
-        return join(join(split(start, i), leaves[i]), split(i + 1, end))
-
-    tree = split(0, len(values))
-    assert tree is not None
-    return tree
-
-
-def tree_to_brackets(tree: Tree) -> str:
-    """Bracket string of a binary tree: ``(('a', 'b'), 'c')`` -> ``"((a b) c)"``.
-
-    A single leaf is returned without brackets (``"a"``).
-    """
-    if isinstance(tree, tuple):
-        if len(tree) != 2:
-            raise ValueError(f"`tree` nodes must be pairs, got a tuple of length {len(tree)}")
-        return f"({tree_to_brackets(tree[0])} {tree_to_brackets(tree[1])})"
-    return str(tree)
-
-
-def tree_spans(
-    tree: Tree, include_leaves: bool = False, include_root: bool = False
-) -> set[tuple[int, int]]:
-    """Constituent spans ``(start, end)`` (end exclusive, positions counted over leaves).
-
-    The defaults give the brackets used for unlabeled F1 by PRPN's ``get_brackets``:
-    every constituent of length >= 2 except the whole sentence. ``include_leaves`` adds
-    the one-token spans, ``include_root`` the span of the whole tree.
-
-    Example:
-        >>> sorted(tree_spans((("a", "b"), ("c", "d"))))
-        [(0, 2), (2, 4)]
-    """
-    spans: set[tuple[int, int]] = set()
-
-    def walk(node: Tree, start: int) -> int:  # returns the end of node's span
-        if isinstance(node, tuple):
-            if len(node) != 2:
-                raise ValueError(f"`tree` nodes must be pairs, got a tuple of length {len(node)}")
-            end = walk(node[1], walk(node[0], start))
-        else:
-            end = start + 1
-        if end - start > 1 or include_leaves:
-            spans.add((start, end))
-        return end
-
-    total = walk(tree, 0)
-    if not include_root and total > 1:  # only the root spans every leaf
-        spans.discard((0, total))
-    return spans

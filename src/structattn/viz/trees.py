@@ -1,5 +1,4 @@
-"""Binary constituency trees, e.g. from :func:`~structattn.structs.stick_breaking.split_tree`
-(PRPN)."""
+"""Binary constituency trees, e.g. from :func:`~structattn.trees.split_tree` (PRPN)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..structs.stick_breaking import Tree, tree_to_brackets
+from ..trees import Tree, tree_to_brackets
 from ._common import (
     _FONT,
     _MAP_COLOR,
