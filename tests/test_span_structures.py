@@ -26,7 +26,7 @@ from structattn import (
     structured_nll,
 )
 from structattn.distributions.base import StructuredDistribution
-from structattn.structs.stick_breaking import split_tree
+from structattn.trees import split_tree
 
 Params = tuple[Tensor, ...]
 Support = list[tuple[Params, Tensor]]  # (part indicators of one item, score)

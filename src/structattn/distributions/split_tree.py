@@ -42,7 +42,7 @@ class SplitTreeDistribution(StructuredDistribution):
     over the span, and the rankings restricted to its two sides are independent
     Plackett-Luce rankings; ``tests/test_span_structures.py`` checks it by enumeration).
 
-    *Greedy SPLIT* (:func:`~structattn.structs.stick_breaking.split_tree`, PRPN's tree
+    *Greedy SPLIT* (:func:`~structattn.trees.split_tree`, PRPN's tree
     extraction) splits every span at the argmax of its scores: the most likely choice at
     each node, which is not the most likely tree in general, because a likely first split
     can leave harder choices below it. With scores ``[0, 1, 1.5, 2]`` greedy SPLIT splits at

@@ -18,7 +18,7 @@ parse (``task parse``): the gold trees of NLTK's WSJ sample (sections 00-01; the
 not public, so every UF1 here is on 555 sentences, not the usual 7,422), preprocessed as
 :mod:`structattn.data.treebank` says; each sentence is read after an ``<eos>`` from an empty
 state, its distances d_1..d_n give a binary tree by greedy SPLIT
-(:func:`~structattn.structs.stick_breaking.split_tree`), scored by unlabelled bracket F1
+(:func:`~structattn.trees.split_tree`), scored by unlabelled bracket F1
 (:func:`~structattn.metrics.bracket_f1`): sentence-level mean and corpus-level, with and
 without the whole-sentence span. The baselines (left / right branching, balanced, random =
 mean of 5 seeds, binary upper bound) are computed on exactly the same sentences. Note: these
