@@ -10,11 +10,16 @@ log (and TensorBoard when installed), atomic checkpoints with the model, optimis
 schedule, carried state and RNG states, exact resumption (also mid-epoch), and
 data-parallel training under ``torchrun`` (DDP; gloo on CPU, nccl on GPU).
 
-Run directory::
+What a run advances is one :class:`~structattn.training.state.TrainState` (which is what a
+checkpoint holds); :func:`_train` drives a ``_Trainer`` whose small steps advance it:
+``run_epoch`` (``train_step`` per batch, ``validate``, ``save``), then ``end_epoch``.
+
+Run directory (files written by rename, see :mod:`structattn.training.run_dir`)::
 
     config.json       the recipe's configuration
-    metrics.jsonl     one JSON object per logged step, validation and epoch
-    checkpoint.pt     the latest full training state (for --resume)
+    metrics.jsonl     one JSON object per logged step, validation, epoch and early stop
+    checkpoint.pt     the latest full training state (for --resume), with the number of
+                      metrics.jsonl lines it covers
     model.pt          the best model on validation (for eval/viz)
 """
 
@@ -308,10 +313,10 @@ class _Trainer:
         device: torch.device,
         logger: _Logger,
     ) -> _Trainer:
-        """A new run in ``run_dir``, or (``resume``) the one its ``checkpoint.pt`` holds.
-        Rank 0 first removes temporary files left by a killed run; a resume without a
-        checkpoint starts afresh (with a notice), and cuts ``metrics.jsonl`` back to the
-        lines the checkpoint covers."""
+        """A new run in ``run_dir``, or (``resume``) the one its ``checkpoint.pt`` holds,
+        with ``metrics.jsonl`` cut back to the lines the checkpoint covers (the rest is
+        redone); a resume without a checkpoint starts afresh, with a notice. Rank 0 first
+        removes the temporary files that a killed run left."""
         model = task.model.to(device)
         path = run_dir / "checkpoint.pt"
         if rank == 0:
@@ -343,38 +348,19 @@ class _Trainer:
         """Train the rest of epoch ``state.epoch`` (from batch ``state.batch``), validating
         and checkpointing as configured, then :meth:`end_epoch` (unless stopped early)."""
         state, config = self.state, self.config
-        epoch = state.epoch
-        if self.task.on_epoch_start is not None:
-            self.task.on_epoch_start(state.model, epoch)
-        lr = state.schedule.lr
-        if self.task.epoch_lr is not None:
-            lr = self.task.epoch_lr(epoch, lr)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
-        state.model.train()
-        batches = self.task.batches(epoch)
-        bar = self.logger.bar(len(batches), state.batch, f"epoch {epoch}/{config.epochs}")
+        lr = self._begin_epoch()
+        batches = self.task.batches(state.epoch)
+        bar = self.logger.bar(len(batches), state.batch, f"epoch {state.epoch}/{config.epochs}")
         window_tokens, window_start = 0, time.time()  # throughput since the last metric line
         for index in range(state.batch, len(batches)):
-            value, count, tokens = self.train_step(batches[index], index)
+            loss, tokens = self.train_step(batches[index], index)
             window_tokens += tokens
             rate = window_tokens / max(time.time() - window_start, 1e-9)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(
-                    loss=f"{value / max(count, 1):.3f}", lr=f"{lr:.3g}", tok_s=f"{rate:.0f}"
-                )
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.3g}", tok_s=f"{rate:.0f}")
             if state.step % config.log_every == 0:
-                self.logger.log(
-                    {
-                        "kind": "train",
-                        "epoch": epoch,
-                        "step": state.step,
-                        "loss": value / max(count, 1),
-                        "lr": lr,
-                        "tokens_per_s": rate,
-                    }
-                )
+                self.log("train", loss=loss, lr=lr, tokens_per_s=rate)
                 window_tokens, window_start = 0, time.time()
             if config.eval_every and state.step % config.eval_every == 0:
                 self.validate_and_log()
@@ -391,44 +377,36 @@ class _Trainer:
         else:
             self.say_stopped()
 
-    def train_step(self, examples: Sequence[Any], index: int) -> tuple[float, int, int]:
-        """One optimiser step on global batch ``index`` (``examples``: this rank takes every
-        ``world``-th); returns the batch's summed loss, the examples or tokens it is
-        normalised by, and its tokens (over all ranks), and adds the first two to the epoch's.
-        """
-        state, task, world, normalizer = self.state, self.task, self.world, self.normalizer
-        local = examples[self.rank :: world]
-        if not local:
-            raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
-        batch = task.collate(local, self.device)
-        n_examples: Count
-        n_tokens: Count
-        if task.stateful_loss is not None:
-            loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
-                self.train_model, batch, state.carry
-            )
-            state.carry = map_tensors(Tensor.detach, carry)  # truncate backpropagation here
-        else:
-            assert task.loss is not None
-            loss_sum, n_examples, n_tokens = task.loss(self.train_model, batch)
-        totals = None
-        if world > 1:  # the global loss and counts, before backward (one collective)
-            totals = torch.stack(
-                [
-                    torch.as_tensor(x, dtype=torch.float64, device=self.device)
-                    for x in (loss_sum.detach(), n_examples, n_tokens)
-                ]
-            )
-            dist.all_reduce(totals)
+    def _begin_epoch(self) -> float:
+        """The task's epoch hook, then the epoch's learning rate (returned) set in the
+        optimiser; the model in training mode."""
+        state, task = self.state, self.task
+        if task.on_epoch_start is not None:
+            task.on_epoch_start(state.model, state.epoch)
+        lr = state.schedule.lr
+        if task.epoch_lr is not None:
+            lr = task.epoch_lr(state.epoch, lr)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        state.model.train()
+        return lr
+
+    def train_step(self, examples: Sequence[Any], index: int) -> tuple[float, int]:
+        """One optimiser step on global batch ``index``; adds the batch's summed loss and
+        its examples or tokens (over all ranks) to the epoch's. Returns the batch's loss per
+        example or token, and its tokens."""
+        state, config, world = self.state, self.config, self.world
+        loss_sum, n_examples, n_tokens = self._forward(examples, index)
+        totals = self._sum_over_ranks(loss_sum, n_examples, n_tokens) if world > 1 else None
+        if totals is not None:
             n_examples, n_tokens = totals[1], totals[2]
-        loss = _scale_loss(loss_sum, normalizer, world, n_examples, n_tokens)
+        loss = _scale_loss(loss_sum, config.loss_normalizer, world, n_examples, n_tokens)
         state.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.config.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(state.model.parameters(), self.config.max_grad_norm)
+        if config.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(state.model.parameters(), config.max_grad_norm)
         state.optimizer.step()
-        state.step += 1
-        state.batch = index + 1
+        state.step, state.batch = state.step + 1, index + 1
         if totals is not None:
             value, examples_f, tokens_f = totals.tolist()
             batch_examples, batch_tokens = round(examples_f), round(tokens_f)
@@ -439,13 +417,43 @@ class _Trainer:
             raise FloatingPointError(
                 f"training loss is {value} at epoch {state.epoch}, step {state.step}"
             )
-        count = batch_tokens if normalizer == "tokens" else batch_examples
+        count = batch_tokens if config.loss_normalizer == "tokens" else batch_examples
         state.epoch_loss = (state.epoch_loss[0] + value, state.epoch_loss[1] + count)
-        return value, count, batch_tokens
+        return value / max(count, 1), batch_tokens
 
-    @property
-    def normalizer(self) -> str:
-        return self.config.loss_normalizer
+    def _forward(self, examples: Sequence[Any], index: int) -> tuple[Tensor, Count, Count]:
+        """This rank's part of global batch ``index`` (every ``world``-th example): its
+        summed loss, examples and tokens; a carried state goes on, detached."""
+        task, world = self.task, self.world
+        local = examples[self.rank :: world]
+        if not local:
+            raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
+        batch = task.collate(local, self.device)
+        if task.stateful_loss is None:
+            assert task.loss is not None
+            return task.loss(self.train_model, batch)
+        loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
+            self.train_model, batch, self.state.carry
+        )
+        self.state.carry = map_tensors(Tensor.detach, carry)  # truncate backpropagation here
+        return loss_sum, n_examples, n_tokens
+
+    def _sum_over_ranks(self, loss_sum: Tensor, examples: Count, tokens: Count) -> Tensor:
+        """``[loss, examples, tokens]`` summed over the ranks (float64; one collective, before
+        backward)."""
+        totals = torch.stack(
+            [
+                torch.as_tensor(x, dtype=torch.float64, device=self.device)
+                for x in (loss_sum.detach(), examples, tokens)
+            ]
+        )
+        dist.all_reduce(totals)
+        return totals
+
+    def log(self, kind: str, **values: Any) -> None:
+        """A metrics line of this epoch and step."""
+        state = self.state
+        self.logger.log({"kind": kind, "epoch": state.epoch, "step": state.step, **values})
 
     def validate(self) -> dict[str, float]:
         """Validate; keep the best model (``model.pt``); count validations without a new
@@ -472,11 +480,7 @@ class _Trainer:
 
     def validate_and_log(self) -> None:
         """A validation between two steps (``eval_every``): logged, and maybe an early stop."""
-        state = self.state
-        metrics = self.validate()
-        self.logger.log(
-            {"kind": "eval", "epoch": state.epoch, "step": state.step, **_prefixed(metrics)}
-        )
+        self.log("eval", **_prefixed(self.validate()))
         if self.should_stop():
             self.stop()
 
@@ -492,18 +496,11 @@ class _Trainer:
             else:
                 metrics = self.validate()
         loss, count = state.epoch_loss
-        record = {
-            "kind": "epoch",
-            "epoch": epoch,
-            "step": state.step,
-            "train_loss": loss / max(count, 1),
-            "lr": lr,
-            "time": time.time() - self.started,
-            **_prefixed(metrics),
-        }
-        self.logger.log(record)
+        values = {"train_loss": loss / max(count, 1), "lr": lr, "time": time.time() - self.started}
+        values.update(_prefixed(metrics))
+        self.log("epoch", **values)
         if self.rank == 0 and config.epoch_lines:
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float))
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float))
             print(
                 f"{self.prefix}epoch {epoch}/{config.epochs}: {shown}", file=sys.stderr, flush=True
             )
