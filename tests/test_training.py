@@ -536,6 +536,208 @@ def test_atomic_save_keeps_old_file_on_failure(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temp files left
 
 
+# ---- the training state and a killed run's files -----------------------------------------
+#: the keys of a checkpoint as the loop wrote them before TrainState (6f3ca50)
+TODAYS_KEYS = {
+    "format", "model", "optimizer", "optimizer_name", "schedule", "rng", "epoch", "batch",
+    "step", "best", "bad_evals", "last_eval", "stopped", "carry", "epoch_loss", "task_state",
+    "config", "extra",
+}  # fmt: skip
+
+
+def test_train_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    """Every progress field of TrainState is saved under its name and read back (through a
+    file, with weights_only=True); a checkpoint holds today's keys plus ``metric_lines``."""
+    from dataclasses import fields
+
+    from structattn.training import TrainState
+
+    config = TrainConfig(epochs=2, lr=0.1, **QUIET)
+    state = TrainState.start(nn.Linear(2, 2), config)
+    state.epoch, state.batch, state.step, state.best = 2, 3, 7, {"epoch": 1, "metric": 0.5}
+    state.bad_evals, state.stopped, state.metric_lines = 1, {"epoch": 2, "step": 7}, 9
+    state.last_eval, state.epoch_loss = {"step": 6, "metrics": {"metric": 0.4}}, (1.5, 12)
+    carried = [(torch.ones(1, 2, 3), torch.zeros(1, 2, 3))]
+    save_checkpoint(tmp_path / "state.pt", state.to_checkpoint(carried))
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert set(saved) == TODAYS_KEYS - {"task_state", "config", "extra"} | {"metric_lines"}
+    restored = TrainState.from_checkpoint(saved, nn.Linear(2, 2), config)
+    for f in fields(TrainState):
+        if f.name not in ("model", "optimizer", "schedule", "carry"):
+            assert getattr(restored, f.name) == getattr(state, f.name), f.name
+    _assert_same_weights(restored.model.state_dict(), state.model.state_dict())
+    assert torch.equal(restored.carry[0], carried[0][0])
+    with pytest.raises(CheckpointError, match="has no 'step'"):
+        without_step = {key: value for key, value in saved.items() if key != "step"}
+        TrainState.from_checkpoint(without_step, nn.Linear(2, 2), config)
+
+
+def test_resume_from_a_checkpoint_in_todays_format(tmp_path: Path) -> None:
+    """A checkpoint written before TrainState (no ``metric_lines``: its metric lines are cut
+    by step) still resumes mid-epoch, bit for bit, with the same metrics log."""
+    config = replace(RESUME_CONFIG, epochs=2, checkpoint_every=3)
+    fit(classifier_task(), config, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8; last checkpoint: step 6
+        fit(classifier_task(crash_at=8), config, tmp_path / "old")
+    state = load_checkpoint(tmp_path / "old" / "checkpoint.pt")
+    assert set(state) == TODAYS_KEYS | {"metric_lines"}
+    old = {key: state[key] for key in TODAYS_KEYS}
+    old["epoch_loss"] = list(old["epoch_loss"])  # as the old loop wrote it
+    save_checkpoint(tmp_path / "old" / "checkpoint.pt", old)
+    fit(classifier_task(), config, tmp_path / "old", resume=True)
+    _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "old"))
+    for kind, key in (("train", "loss"), ("epoch", "train_loss")):
+        a, b = ([r[key] for r in _records(tmp_path / d, kind)] for d in ("full", "old"))
+        assert a == b and len(a) == {"train": 8, "epoch": 2}[kind]
+
+
+def _die_writing(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Every open for writing of a file whose name holds ``name`` dies at its first write,
+    as a kill -9 there would: the file is created (or emptied), nothing is written."""
+    import builtins
+    import io
+
+    real_open = io.open
+
+    class Dying:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> Dying:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def write(self, text: str) -> int:
+            raise KeyboardInterrupt
+
+    def dying_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        if not isinstance(file, int) and name in str(file) and set(mode) & {"w", "x"}:
+            return Dying(handle)
+        return handle
+
+    monkeypatch.setattr(io, "open", dying_open)
+    monkeypatch.setattr(builtins, "open", dying_open)
+
+
+def test_a_kill_while_writing_config_json_leaves_no_empty_one(tmp_path: Path) -> None:
+    """config.json is written by rename: a kill (or a full disk) during its first write
+    leaves none, not an empty one that a --resume cannot read (#37)."""
+    with pytest.MonkeyPatch.context() as patch:
+        _die_writing(patch, "config.json")
+        with pytest.raises(KeyboardInterrupt):
+            fit(classifier_task(), TrainConfig(epochs=1, lr=0.1, **QUIET), tmp_path / "run")
+    assert not (tmp_path / "run" / "config.json").exists()
+    assert not [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]
+
+
+def test_a_kill_while_resume_cuts_the_metrics_log_keeps_it(tmp_path: Path) -> None:
+    """A resume rewrites metrics.jsonl without the lines after its checkpoint; a kill during
+    that rewrite leaves the whole file (it left it empty), and the next resume finishes the
+    run with the full run's log (#37)."""
+    config = replace(RESUME_CONFIG, epochs=2, checkpoint_every=3)
+    fit(classifier_task(), config, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8; last checkpoint: step 6
+        fit(classifier_task(crash_at=8), config, tmp_path / "crash")
+    before = (tmp_path / "crash" / "metrics.jsonl").read_text()
+    assert before.count("\n") == 8  # 7 steps and epoch 1
+    with pytest.MonkeyPatch.context() as patch:
+        _die_writing(patch, "metrics.jsonl")
+        with pytest.raises(KeyboardInterrupt):
+            fit(classifier_task(), config, tmp_path / "crash", resume=True)
+    assert (tmp_path / "crash" / "metrics.jsonl").read_text() == before
+    fit(classifier_task(), config, tmp_path / "crash", resume=True)
+    _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "crash"))
+    for kind, key in (("train", "loss"), ("epoch", "train_loss")):
+        a, b = ([r[key] for r in _records(tmp_path / d, kind)] for d in ("full", "crash"))
+        assert a == b and len(a) == {"train": 8, "epoch": 2}[kind]
+
+
+def test_a_kill_after_a_checkpoint_at_an_epochs_last_step_logs_the_epoch_once(
+    tmp_path: Path,
+) -> None:
+    """4 steps per epoch, a checkpoint every 4: epoch 1's last step is checkpointed (batch 4
+    of 4), the epoch's line logged, and the run is killed while writing the checkpoint of
+    epoch 2's start. The checkpoint says how many metric lines it covers, so the resume,
+    which redoes the epoch's end, logs it once (it was logged twice: same step) (#37)."""
+    config = replace(RESUME_CONFIG, epochs=2, checkpoint_every=4)
+    fit(classifier_task(), config, tmp_path / "full")
+    task, saves = classifier_task(), []
+
+    def task_state() -> None:  # called by every checkpoint
+        saves.append(len(saves))
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+
+    task.state = (task_state, lambda saved: None)
+    with pytest.raises(KeyboardInterrupt):
+        fit(task, config, tmp_path / "crash")
+    state = load_checkpoint(tmp_path / "crash" / "checkpoint.pt")
+    assert (state["epoch"], state["batch"], state["step"]) == (1, 4, 4)
+    assert [r["epoch"] for r in _records(tmp_path / "crash", "epoch")] == [1]
+    fit(classifier_task(), config, tmp_path / "crash", resume=True)
+    assert [r["epoch"] for r in _records(tmp_path / "crash", "epoch")] == [1, 2]
+    _assert_same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "crash"))
+    for kind, key in (("train", "loss"), ("epoch", "train_loss")):
+        a, b = ([r[key] for r in _records(tmp_path / d, kind)] for d in ("full", "crash"))
+        assert a == b
+
+
+def test_resume_with_no_checkpoint_and_an_empty_config_starts_afresh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kill during the first write of config.json (by an older version) left it empty and
+    no checkpoint: a resume starts the run afresh with a notice, instead of failing (#37);
+    ``read_run_config`` (for the recipes' config check) says the same, and with a
+    checkpoint reads the checkpoint's copy."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("")
+    (run / "metrics.jsonl").write_text('{"kind": "train", "epo')
+    config = TrainConfig(epochs=1, lr=0.1, **QUIET)
+    fit(classifier_task(), config, run, resume=True)
+    assert "the run starts afresh" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text()) == {"toy": "classifier"}
+    fit(classifier_task(), config, tmp_path / "fresh")
+    _assert_same_weights(_weights(tmp_path / "fresh"), _weights(run))
+    a, b = ([r["loss"] for r in _records(d, "train")] for d in (tmp_path / "fresh", run))
+    assert a == b and len(_records(run, "epoch")) == 1  # the old log is gone
+
+    from structattn.training import read_run_config
+
+    assert read_run_config(run) == {"toy": "classifier"}
+    (run / "config.json").write_text("")
+    assert read_run_config(run) == {"toy": "classifier"}  # the checkpoint's copy
+    (run / "checkpoint.pt").unlink()
+    capsys.readouterr()
+    assert read_run_config(run) is None
+    assert "config.json is unreadable (empty)" in capsys.readouterr().err
+    assert read_run_config(tmp_path / "new") is None
+
+
+def test_stale_temp_files_are_removed_when_a_run_starts(tmp_path: Path) -> None:
+    """Temporary files of writers killed before their rename are removed at the start of
+    a run and of a resume; other files stay (#37)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = (
+        ".checkpoint.pt.k2j9x1ab",
+        ".model.pt.0q8z7y6w",
+        ".config.json.4242.0a1b2c3d.tmp",
+        ".metrics.jsonl.4242.deadbeef.tmp",
+    )
+    (run / ".keep").write_text("not the loop's")
+    config = TrainConfig(epochs=1, lr=0.1, **QUIET)
+    for resume in (False, True):
+        for name in stale:
+            (run / name).write_bytes(b"cut short")
+        fit(classifier_task(), replace(config, epochs=1 + resume), run, resume=resume)
+        assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [".keep"]
+    assert len(_records(run, "epoch")) == 2
+
+
 # ---- truncated backpropagation through time ----------------------------------------------
 def test_tbptt_carries_the_detached_state_within_an_epoch(tmp_path: Path) -> None:
     seen: list[Any] = []

@@ -1,10 +1,12 @@
-"""The training loop shared by all recipes: optimisers, schedules, checkpoints, resumption,
-truncated BPTT, early stopping, logging, DDP."""
+"""The training loop shared by all recipes: optimisers, schedules, the training state and its
+checkpoints, resumption, truncated BPTT, early stopping, logging, DDP."""
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .loop import Task, fit, load_model_state
 from .optim import LRSchedule, PlateauSchedule, make_optimizer, make_schedule
+from .run_dir import read_run_config
+from .state import TrainState
 
 __all__ = [
     "CheckpointError",
@@ -12,10 +14,12 @@ __all__ = [
     "PlateauSchedule",
     "Task",
     "TrainConfig",
+    "TrainState",
     "fit",
     "load_checkpoint",
     "load_model_state",
     "make_optimizer",
     "make_schedule",
+    "read_run_config",
     "save_checkpoint",
 ]

@@ -10,11 +10,16 @@ log (and TensorBoard when installed), atomic checkpoints with the model, optimis
 schedule, carried state and RNG states, exact resumption (also mid-epoch), and
 data-parallel training under ``torchrun`` (DDP; gloo on CPU, nccl on GPU).
 
-Run directory::
+What a run advances is one :class:`~structattn.training.state.TrainState` (which is what a
+checkpoint holds); :func:`_train` drives a ``_Trainer`` whose small steps advance it:
+``run_epoch`` (``train_step`` per batch, ``validate``, ``save``), then ``end_epoch``.
+
+Run directory (files written by rename, see :mod:`structattn.training.run_dir`)::
 
     config.json       the recipe's configuration
-    metrics.jsonl     one JSON object per logged step, validation and epoch
-    checkpoint.pt     the latest full training state (for --resume)
+    metrics.jsonl     one JSON object per logged step, validation, epoch and early stop
+    checkpoint.pt     the latest full training state (for --resume), with the number of
+                      metrics.jsonl lines it covers
     model.pt          the best model on validation (for eval/viz)
 """
 
@@ -34,15 +39,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .checkpoint import (
-    CheckpointError,
-    get_rng_state,
-    load_checkpoint,
-    save_checkpoint,
-    set_rng_state,
-)
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .optim import LRSchedule, PlateauSchedule, make_optimizer, make_schedule
+from .optim import LRSchedule, PlateauSchedule
+from .run_dir import (
+    cut_metrics,
+    notice,
+    remove_stale_temp_files,
+    repair_config,
+    write_config,
+)
+from .state import CHECKPOINT_FORMAT, TrainState, map_tensors
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -50,11 +57,10 @@ __all__ = [
     "PlateauSchedule",
     "Task",
     "TrainConfig",
+    "TrainState",
     "fit",
     "load_model_state",
 ]
-
-CHECKPOINT_FORMAT = "structattn-checkpoint-v1"
 
 Count = int | Tensor  # a number of examples or tokens (a 0-dim tensor avoids a device sync)
 
@@ -108,22 +114,6 @@ class Task:
             raise ValueError("a Task needs exactly one of `loss` and `stateful_loss`")
 
 
-def _map_tensors(fn: Callable[[Tensor], Tensor], state: Any) -> Any:
-    """``state`` with ``fn`` applied to every tensor in it (plain tuples, lists and dicts)."""
-    if isinstance(state, Tensor):
-        return fn(state)
-    if type(state) in (tuple, list):
-        return type(state)(_map_tensors(fn, x) for x in state)
-    if type(state) is dict:
-        return {key: _map_tensors(fn, value) for key, value in state.items()}
-    if state is None or isinstance(state, bool | int | float | str):
-        return state
-    raise TypeError(
-        "a carried state must hold tensors, numbers, strings, None and plain tuples, lists "
-        f"and dicts of them (it is saved in checkpoints); got {type(state).__name__}"
-    )
-
-
 # ---- distributed helpers ----------------------------------------------------------------------
 def _distributed() -> tuple[int, int, bool]:
     """(rank, world size, whether we created the process group); initialises the process
@@ -151,17 +141,19 @@ def _device(name: str) -> torch.device:
 
 # ---- logging --------------------------------------------------------------------------------
 class _Logger:
-    """Rank-0 metrics: JSONL file, optional TensorBoard, optional progress bar."""
+    """Rank-0 metrics: JSONL file (with its line count, which checkpoints record), optional
+    TensorBoard, optional progress bar. Lines are written once :meth:`open` is called."""
 
     def __init__(self, run_dir: Path, enabled: bool, progress: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.progress = progress and enabled
         self.file: TextIO | None = None
         self.writer: Any = None
+        self.lines = 0  # lines in metrics.jsonl
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = (run_dir / "metrics.jsonl").open("a")
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -169,11 +161,18 @@ class _Logger:
         except Exception:  # noqa: BLE001 - tensorboard is optional
             self.writer = None
 
+    def open(self, lines: int) -> None:
+        """Write after the first ``lines`` lines of metrics.jsonl (0: a new, empty file)."""
+        if self.enabled:
+            self.file = self.path.open("a" if lines else "w", encoding="utf-8")
+            self.lines = lines
+
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled or self.file is None:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        self.lines += 1
         if self.writer is not None:
             step = record.get("step", 0)
             for key, value in record.items():
@@ -197,25 +196,6 @@ class _Logger:
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Keep the metric lines up to ``step`` (the last checkpoint's)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by the crash
-            continue
-        if record.get("step", 0) <= step:
-            kept.append(line)
-    path.write_text("".join(x + "\n" for x in kept))
-
-
 def load_model_state(run_dir: str | os.PathLike[str], which: str = "model.pt") -> dict[str, Any]:
     """The saved best model (``model.pt``) or last state (``checkpoint.pt``) of a run."""
     path = Path(run_dir)
@@ -276,6 +256,7 @@ def fit(
     return summary
 
 
+# ---- the loop ----------------------------------------------------------------------------
 def _train(
     task: Task,
     config: TrainConfig,
@@ -287,302 +268,328 @@ def _train(
     logger: _Logger,
 ) -> dict[str, Any]:
     """The loop itself (:func:`fit` sets up and tears down the process group and logger)."""
-    model = task.model.to(device)
-    optimizer = make_optimizer(model.parameters(), config)
-    schedule = make_schedule(config)
-    normalizer = config.loss_normalizer
-    start_epoch, start_batch, step = 1, 0, 0
-    best: dict[str, float] = {}
-    bad_evals = 0  # validations in a row without a new best (early stopping)
-    last_eval: dict[str, Any] | None = None  # {"step", "metrics"} of the latest validation
-    stopped: dict[str, int] | None = None  # {"epoch", "step"} once early stopping fired
-    carry: Any = None  # the state the task carries from batch to batch (stateful_loss)
-    total_loss, total_count = 0.0, 0  # this epoch's so far (mid-epoch checkpoints keep them)
-    if resume:
+    trainer = _Trainer.start(task, config, run_dir, resume, rank, world, device, logger)
+    state = trainer.state
+    while state.epoch <= config.epochs and state.stopped is None:
+        trainer.run_epoch()
+    if task.validate is None:  # no model selection: the last model is the model
+        trainer.save_model(config.epochs, {})
+    summary: dict[str, Any] = {
+        "best": state.best,
+        "epochs": config.epochs,
+        "seconds": time.time() - trainer.started,
+    }
+    if config.patience is not None:
+        summary["stopped"] = state.stopped
+    return summary
+
+
+@dataclass
+class _Trainer:
+    """One process's part of a run: what stays fixed (the task, the settings, the outputs,
+    this process's rank) and the :class:`TrainState` that its steps advance. Every rank
+    holds one; rank 0 alone writes files."""
+
+    task: Task
+    config: TrainConfig
+    run_dir: Path
+    rank: int
+    world: int
+    device: torch.device
+    logger: _Logger
+    state: TrainState
+    train_model: nn.Module  # the model, or its DistributedDataParallel wrapper
+    started: float = field(default_factory=time.time)
+
+    @classmethod
+    def start(
+        cls,
+        task: Task,
+        config: TrainConfig,
+        run_dir: Path,
+        resume: bool,
+        rank: int,
+        world: int,
+        device: torch.device,
+        logger: _Logger,
+    ) -> _Trainer:
+        """A new run in ``run_dir``, or (``resume``) the one its ``checkpoint.pt`` holds,
+        with ``metrics.jsonl`` cut back to the lines the checkpoint covers (the rest is
+        redone); a resume without a checkpoint starts afresh, with a notice. Rank 0 first
+        removes the temporary files that a killed run left."""
+        model = task.model.to(device)
         path = run_dir / "checkpoint.pt"
-        state = load_checkpoint(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{path} has an unknown format")
-        for name, saved, current in (
-            ("optimizer", state.get("optimizer_name", "sgd"), config.optimizer),
-            ("lr_schedule", state["schedule"].get("kind", "step"), config.lr_schedule),
-        ):
-            if saved != current:
-                raise CheckpointError(
-                    f"{path} was trained with {name}={saved!r}; cannot resume with {current!r}"
-                )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        set_rng_state(state["rng"])
-        start_epoch, start_batch, step = state["epoch"], state["batch"], state["step"]
-        best = state["best"]
-        bad_evals = state.get("bad_evals", 0)
-        last_eval = state.get("last_eval")
-        stopped = state.get("stopped")
-        total_loss, total_count = state.get("epoch_loss", [0.0, 0])
-        if task.state is not None:
-            task.state[1](state.get("task_state"))
-        carried = state.get("carry")
-        if carried is not None and task.stateful_loss is not None:
-            if len(carried) != world:
-                raise CheckpointError(
-                    f"{path} holds the carried state of {len(carried)} processes: resume it "
-                    f"with {len(carried)}, not {world}"
-                )
-            carry = _map_tensors(lambda t: t.to(device), carried[rank])
-        if rank == 0:  # forget what was logged after this checkpoint: it is redone
-            _truncate_log(run_dir / "metrics.jsonl", step)
-    elif rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(task.config, indent=2) + "\n")
-        (run_dir / "metrics.jsonl").write_text("")
-    train_model: nn.Module = model
-    if world > 1:
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+        if rank == 0:
+            remove_stale_temp_files(run_dir)
+            if resume and not path.exists():
+                notice(f"no checkpoint in {run_dir} to resume from: the run starts afresh")
+        if resume and path.exists():
+            saved = load_checkpoint(path)
+            state = TrainState.from_checkpoint(
+                saved, model, config, path=path, rank=rank, world=world, device=device
+            )
+            if task.state is not None:
+                task.state[1](saved.get("task_state"))
+            if rank == 0:  # forget what was logged after this checkpoint: it is redone
+                logger.open(cut_metrics(logger.path, state.metric_lines, state.step))
+                repair_config(run_dir, saved.get("config", task.config))
+        else:
+            state = TrainState.start(model, config)
+            if rank == 0:
+                write_config(run_dir, task.config)
+                logger.open(0)
+        train_model: nn.Module = model
+        if world > 1:
+            ids = [device.index] if device.type == "cuda" else None
+            train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return cls(task, config, run_dir, rank, world, device, logger, state, train_model)
+
+    def run_epoch(self) -> None:
+        """Train the rest of epoch ``state.epoch`` (from batch ``state.batch``), validating
+        and checkpointing as configured, then :meth:`end_epoch` (unless stopped early)."""
+        state, config = self.state, self.config
+        lr = self._begin_epoch()
+        batches = self.task.batches(state.epoch)
+        bar = self.logger.bar(len(batches), state.batch, f"epoch {state.epoch}/{config.epochs}")
+        window_tokens, window_start = 0, time.time()  # throughput since the last metric line
+        for index in range(state.batch, len(batches)):
+            loss, tokens = self.train_step(batches[index], index)
+            window_tokens += tokens
+            rate = window_tokens / max(time.time() - window_start, 1e-9)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.3g}", tok_s=f"{rate:.0f}")
+            if state.step % config.log_every == 0:
+                self.log("train", loss=loss, lr=lr, tokens_per_s=rate)
+                window_tokens, window_start = 0, time.time()
+            if config.eval_every and state.step % config.eval_every == 0:
+                self.validate_and_log()
+            if state.stopped is not None or (
+                config.checkpoint_every and state.step % config.checkpoint_every == 0
+            ):
+                self.save()
+            if state.stopped is not None:
+                break
+        if bar is not None:
+            bar.close()
+        if state.stopped is None:
+            self.end_epoch(lr)
+        else:
+            self.say_stopped()
+
+    def _begin_epoch(self) -> float:
+        """The task's epoch hook, then the epoch's learning rate (returned) set in the
+        optimiser; the model in training mode."""
+        state, task = self.state, self.task
+        if task.on_epoch_start is not None:
+            task.on_epoch_start(state.model, state.epoch)
+        lr = state.schedule.lr
+        if task.epoch_lr is not None:
+            lr = task.epoch_lr(state.epoch, lr)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        state.model.train()
+        return lr
+
+    def train_step(self, examples: Sequence[Any], index: int) -> tuple[float, int]:
+        """One optimiser step on global batch ``index``; adds the batch's summed loss and
+        its examples or tokens (over all ranks) to the epoch's. Returns the batch's loss per
+        example or token, and its tokens."""
+        state, config, world = self.state, self.config, self.world
+        loss_sum, n_examples, n_tokens = self._forward(examples, index)
+        totals = self._sum_over_ranks(loss_sum, n_examples, n_tokens) if world > 1 else None
+        if totals is not None:
+            n_examples, n_tokens = totals[1], totals[2]
+        loss = _scale_loss(loss_sum, config.loss_normalizer, world, n_examples, n_tokens)
+        state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(state.model.parameters(), config.max_grad_norm)
+        state.optimizer.step()
+        state.step, state.batch = state.step + 1, index + 1
+        if totals is not None:
+            value, examples_f, tokens_f = totals.tolist()
+            batch_examples, batch_tokens = round(examples_f), round(tokens_f)
+        else:
+            value = float(loss_sum.detach())
+            batch_examples, batch_tokens = int(n_examples), int(n_tokens)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"training loss is {value} at epoch {state.epoch}, step {state.step}"
+            )
+        count = batch_tokens if config.loss_normalizer == "tokens" else batch_examples
+        state.epoch_loss = (state.epoch_loss[0] + value, state.epoch_loss[1] + count)
+        return value / max(count, 1), batch_tokens
+
+    def _forward(self, examples: Sequence[Any], index: int) -> tuple[Tensor, Count, Count]:
+        """This rank's part of global batch ``index`` (every ``world``-th example): its
+        summed loss, examples and tokens; a carried state goes on, detached."""
+        task, world = self.task, self.world
+        local = examples[self.rank :: world]
+        if not local:
+            raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
+        batch = task.collate(local, self.device)
+        if task.stateful_loss is None:
+            assert task.loss is not None
+            return task.loss(self.train_model, batch)
+        loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
+            self.train_model, batch, self.state.carry
         )
+        self.state.carry = map_tensors(Tensor.detach, carry)  # truncate backpropagation here
+        return loss_sum, n_examples, n_tokens
 
-    def gather_carry() -> list[Any] | None:
-        """Every rank's carried state, on the CPU, in rank order (on rank 0; None elsewhere)."""
-        local = _map_tensors(lambda t: t.detach().cpu(), carry)  # checkpoints only
-        if world == 1:
-            return [local]
-        gathered: list[Any] = [None] * world
-        dist.gather_object(local, gathered if rank == 0 else None, dst=0)
-        return gathered if rank == 0 else None
-
-    def checkpoint(epoch: int, batch: int) -> None:
-        """The full training state before batch ``batch`` (0-based) of ``epoch`` (1-based)."""
-        carried = gather_carry() if task.stateful_loss is not None and batch > 0 else None
-        if rank != 0:
-            return
-        save_checkpoint(
-            run_dir / "checkpoint.pt",
-            {
-                "format": CHECKPOINT_FORMAT,
-                "model": _unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "optimizer_name": config.optimizer,
-                "schedule": schedule.state_dict(),
-                "rng": get_rng_state(),
-                "epoch": epoch,
-                "batch": batch,
-                "step": step,
-                "best": best,
-                "bad_evals": bad_evals,
-                "last_eval": last_eval,
-                "stopped": stopped,
-                "carry": carried,
-                "epoch_loss": [total_loss, total_count] if batch > 0 else [0.0, 0],
-                "task_state": None if task.state is None else task.state[0](),
-                "config": task.config,
-                "extra": task.extra,
-            },
+    def _sum_over_ranks(self, loss_sum: Tensor, examples: Count, tokens: Count) -> Tensor:
+        """``[loss, examples, tokens]`` summed over the ranks (float64; one collective, before
+        backward)."""
+        totals = torch.stack(
+            [
+                torch.as_tensor(x, dtype=torch.float64, device=self.device)
+                for x in (loss_sum.detach(), examples, tokens)
+            ]
         )
+        dist.all_reduce(totals)
+        return totals
 
-    def save_model(epoch: int, metrics: dict[str, float]) -> None:
-        """The model for eval/viz (``model.pt``): weights, config, extras, its validation."""
-        if rank != 0:
-            return
-        save_checkpoint(
-            run_dir / "model.pt",
-            {
-                "format": CHECKPOINT_FORMAT,
-                "model": _unwrap(model).state_dict(),
-                "config": task.config,
-                "extra": task.extra,
-                "epoch": epoch,
-                "step": step,
-                "valid": metrics,
-            },
-        )
+    def log(self, kind: str, **values: Any) -> None:
+        """A metrics line of this epoch and step."""
+        state = self.state
+        self.logger.log({"kind": kind, "epoch": state.epoch, "step": state.step, **values})
 
-    def validate(epoch: int) -> dict[str, float]:
-        """Validate; keep the best model; count validations without a new best."""
-        nonlocal best, bad_evals, last_eval
-        assert task.validate is not None
-        model.eval()
+    def validate(self) -> dict[str, float]:
+        """Validate; keep the best model (``model.pt``); count validations without a new
+        best."""
+        state, config = self.state, self.config
+        assert self.task.validate is not None
+        state.model.eval()
         with torch.no_grad():
-            metrics = task.validate(_unwrap(model))
-        model.train()
+            metrics = self.task.validate(state.model)
+        state.model.train()
         metric = metrics.get("metric")
         if metric is not None:
-            if not best or metric > best.get("metric", -math.inf):
-                where = {"epoch": epoch, "step": step} if config.eval_every else {"epoch": epoch}
-                best = {**where, **metrics}
-                save_model(epoch, metrics)
-                bad_evals = 0
+            if not state.best or metric > state.best.get("metric", -math.inf):
+                where = {"epoch": state.epoch}
+                if config.eval_every:
+                    where["step"] = state.step
+                state.best = {**where, **metrics}
+                self.save_model(state.epoch, metrics)
+                state.bad_evals = 0
             else:
-                bad_evals += 1
-        last_eval = {"step": step, "metrics": metrics}
+                state.bad_evals += 1
+        state.last_eval = {"step": state.step, "metrics": metrics}
         return metrics
 
-    def should_stop() -> bool:
+    def validate_and_log(self) -> None:
+        """A validation between two steps (``eval_every``): logged, and maybe an early stop."""
+        self.log("eval", **_prefixed(self.validate()))
+        if self.should_stop():
+            self.stop()
+
+    def end_epoch(self, lr: float) -> None:
+        """After an epoch's last batch: validate (unless the last step just did), log the
+        epoch, step the schedule, check early stopping, checkpoint the next epoch's start."""
+        state, config = self.state, self.config
+        epoch, metrics = state.epoch, {}
+        if self.task.validate is not None:
+            last = state.last_eval
+            if config.eval_every and last is not None and last["step"] == state.step:
+                metrics = last["metrics"]  # validated at this very step already
+            else:
+                metrics = self.validate()
+        loss, count = state.epoch_loss
+        values = {"train_loss": loss / max(count, 1), "lr": lr, "time": time.time() - self.started}
+        values.update(_prefixed(metrics))
+        self.log("epoch", **values)
+        if self.rank == 0 and config.epoch_lines:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float))
+            print(
+                f"{self.prefix}epoch {epoch}/{config.epochs}: {shown}", file=sys.stderr, flush=True
+            )
+        state.schedule.step(epoch, metrics.get("metric"))  # the next epoch's lr: at its start
+        stop = self.should_stop()
+        state.next_epoch()
+        if stop:
+            self.stop(epoch)
+        self.save()
+        if stop:
+            self.say_stopped()
+
+    def should_stop(self) -> bool:
         """Early stopping: ``patience`` validations in a row without a new best."""
-        if config.patience is None:
+        if self.config.patience is None:
             return False
-        stop = bad_evals >= config.patience
-        if world > 1:  # every rank validates on its own: follow rank 0
-            flag = torch.tensor([float(stop)], device=device)
+        stop = self.state.bad_evals >= self.config.patience
+        if self.world > 1:  # every rank validates on its own: follow rank 0
+            flag = torch.tensor([float(stop)], device=self.device)
             dist.broadcast(flag, src=0)
             stop = bool(flag.item())
         return stop
 
-    def report_stop(epoch: int) -> None:
-        logger.log({"kind": "stop", "epoch": epoch, "step": step, "bad_evals": bad_evals})
-        if rank == 0 and config.epoch_lines:
-            prefix = f"[{config.name}] " if config.name else ""
+    def stop(self, epoch: int | None = None) -> None:
+        """Stop early in ``epoch`` (default: the current one) at this step, and log it (before
+        the checkpoint that records the stop, which so covers the line)."""
+        state = self.state
+        epoch = state.epoch if epoch is None else epoch
+        state.stopped = {"epoch": epoch, "step": state.step}
+        self.logger.log({"kind": "stop", **state.stopped, "bad_evals": state.bad_evals})
+
+    def say_stopped(self) -> None:
+        """The early stop's line on stderr (after the progress bar is gone)."""
+        state = self.state
+        if self.rank == 0 and self.config.epoch_lines and state.stopped is not None:
+            epoch, step = state.stopped["epoch"], state.stopped["step"]
             print(
-                f"{prefix}early stop at epoch {epoch}, step {step}: no new best in "
-                f"{bad_evals} validations (best: epoch {best.get('epoch')})",
+                f"{self.prefix}early stop at epoch {epoch}, step {step}: no new best in "
+                f"{state.bad_evals} validations (best: epoch {state.best.get('epoch')})",
                 file=sys.stderr,
                 flush=True,
             )
 
-    started = time.time()
-    for epoch in range(start_epoch, config.epochs + 1):
-        if stopped is not None:  # resumed after an early stop: nothing left to do
-            break
-        if task.on_epoch_start is not None:
-            task.on_epoch_start(_unwrap(model), epoch)
-        lr_now = schedule.lr if task.epoch_lr is None else task.epoch_lr(epoch, schedule.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_now
-        model.train()
-        batches = task.batches(epoch)
-        if start_batch == 0:
-            carry = None  # each epoch starts its streams afresh
-            total_loss, total_count = 0.0, 0  # the epoch's summed loss and examples or tokens
-        bar = logger.bar(len(batches), start_batch, f"epoch {epoch}/{config.epochs}")
-        window_tokens, window_start = 0, time.time()
-        for index in range(start_batch, len(batches)):
-            examples = batches[index]
-            local = examples[rank::world]
-            if not local:
-                raise ValueError(f"batch {index} has {len(examples)} examples for {world} ranks")
-            batch = task.collate(local, device)
-            n_examples: Count
-            n_tokens: Count
-            if task.stateful_loss is not None:
-                loss_sum, n_examples, n_tokens, carry = task.stateful_loss(
-                    train_model, batch, carry
-                )
-                carry = _map_tensors(Tensor.detach, carry)  # truncate backpropagation here
-            else:
-                assert task.loss is not None
-                loss_sum, n_examples, n_tokens = task.loss(train_model, batch)
-            totals: Tensor | None = None
-            if world > 1:  # the global loss and counts, before backward (one collective)
-                totals = torch.stack(
-                    [
-                        torch.as_tensor(x, dtype=torch.float64, device=device)
-                        for x in (loss_sum.detach(), n_examples, n_tokens)
-                    ]
-                )
-                dist.all_reduce(totals)
-                n_examples, n_tokens = totals[1], totals[2]
-            loss = _scale_loss(loss_sum, normalizer, world, n_examples, n_tokens)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            step += 1
-            if totals is not None:
-                value_f, examples_f, tokens_f = totals.tolist()
-                batch_examples, batch_tokens = round(examples_f), round(tokens_f)
-            else:
-                value_f = float(loss_sum.detach())
-                batch_examples, batch_tokens = int(n_examples), int(n_tokens)
-            if not math.isfinite(value_f):
-                raise FloatingPointError(
-                    f"training loss is {value_f} at epoch {epoch}, step {step}"
-                )
-            per = batch_tokens if normalizer == "tokens" else batch_examples
-            total_loss += value_f
-            total_count += per
-            window_tokens += batch_tokens
-            if bar is not None:
-                bar.update(1)
-                rate = window_tokens / max(time.time() - window_start, 1e-9)
-                bar.set_postfix(
-                    loss=f"{value_f / max(per, 1):.3f}",
-                    lr=f"{lr_now:.3g}",
-                    tok_s=f"{rate:.0f}",
-                )
-            if step % config.log_every == 0:
-                now = time.time()
-                logger.log(
-                    {
-                        "kind": "train",
-                        "epoch": epoch,
-                        "step": step,
-                        "loss": value_f / max(per, 1),
-                        "lr": lr_now,
-                        "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                    }
-                )
-                window_tokens, window_start = 0, now
-            if config.eval_every and step % config.eval_every == 0:
-                metrics = validate(epoch)
-                logger.log(
-                    {
-                        "kind": "eval",
-                        "epoch": epoch,
-                        "step": step,
-                        **{f"valid_{k}": v for k, v in metrics.items()},
-                    }
-                )
-                if should_stop():
-                    stopped = {"epoch": epoch, "step": step}
-            if stopped is not None or (
-                config.checkpoint_every and step % config.checkpoint_every == 0
-            ):
-                checkpoint(epoch, index + 1)
-            if stopped is not None:
-                break
-        if bar is not None:
-            bar.close()
-        if stopped is not None:
-            report_stop(epoch)
-            break
-        start_batch = 0
-        metrics = {}
-        if task.validate is not None:
-            if config.eval_every and last_eval is not None and last_eval["step"] == step:
-                metrics = last_eval["metrics"]  # validated at this very step already
-            else:
-                metrics = validate(epoch)
-        metric = metrics.get("metric")
-        record = {
-            "kind": "epoch",
-            "epoch": epoch,
-            "step": step,
-            "train_loss": total_loss / max(total_count, 1),
-            "lr": lr_now,
-            "time": time.time() - started,
-            **{f"valid_{k}": v for k, v in metrics.items()},
-        }
-        logger.log(record)
-        if rank == 0 and config.epoch_lines:
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float))
-            prefix = f"[{config.name}] " if config.name else ""
-            print(f"{prefix}epoch {epoch}/{config.epochs}: {shown}", file=sys.stderr, flush=True)
-        schedule.step(epoch, metric)  # the next epoch's lr is set at its start
-        if should_stop():
-            stopped = {"epoch": epoch, "step": step}
-        checkpoint(epoch + 1, 0)
-        if stopped is not None:
-            report_stop(epoch)
-            break
-    if task.validate is None:  # no model selection: the last model is the model
-        save_model(config.epochs, {})
-    summary: dict[str, Any] = {
-        "best": best,
-        "epochs": config.epochs,
-        "seconds": time.time() - started,
-    }
-    if config.patience is not None:
-        summary["stopped"] = stopped
-    return summary
+    @property
+    def prefix(self) -> str:
+        return f"[{self.config.name}] " if self.config.name else ""
+
+    def save(self) -> None:
+        """Checkpoint the state (``checkpoint.pt``): every rank hands rank 0 its carried
+        state mid-epoch; rank 0 writes, with the task's state, config and extras."""
+        state, task = self.state, self.task
+        carried = None
+        if task.stateful_loss is not None and state.batch > 0:
+            carried = self._gather_carry()
+        if self.rank != 0:
+            return
+        state.metric_lines = self.logger.lines
+        checkpoint = state.to_checkpoint(carried)
+        checkpoint["task_state"] = None if task.state is None else task.state[0]()
+        checkpoint["config"], checkpoint["extra"] = task.config, task.extra
+        save_checkpoint(self.run_dir / "checkpoint.pt", checkpoint)
+
+    def _gather_carry(self) -> list[Any] | None:
+        """Every rank's carried state, on the CPU, in rank order (on rank 0; None elsewhere)."""
+        local = map_tensors(lambda t: t.detach().cpu(), self.state.carry)
+        if self.world == 1:
+            return [local]
+        gathered: list[Any] = [None] * self.world
+        dist.gather_object(local, gathered if self.rank == 0 else None, dst=0)
+        return gathered if self.rank == 0 else None
+
+    def save_model(self, epoch: int, metrics: dict[str, float]) -> None:
+        """The model for eval/viz (``model.pt``): weights, config, extras, its validation."""
+        if self.rank != 0:
+            return
+        save_checkpoint(
+            self.run_dir / "model.pt",
+            {
+                "format": CHECKPOINT_FORMAT,
+                "model": self.state.model.state_dict(),
+                "config": self.task.config,
+                "extra": self.task.extra,
+                "epoch": epoch,
+                "step": self.state.step,
+                "valid": metrics,
+            },
+        )
+
+
+def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
+    """Validation metrics as logged: ``valid_<name>``."""
+    return {f"valid_{k}": v for k, v in metrics.items()}
