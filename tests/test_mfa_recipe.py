@@ -16,6 +16,7 @@ from structattn.attention import (
 )
 from structattn.cli import main
 from structattn.data.synthetic import CountingExample, SortingExample
+from structattn.data.synthetic_batches import SyntheticBatch
 from structattn.recipes import mfa
 from structattn.recipes.config import replace_path
 from structattn.structs.mean_field import mean_field_free_energy, mean_field_marginals
@@ -41,7 +42,7 @@ def _examples(task: str) -> list[CountingExample | SortingExample]:
     ]
 
 
-def _outputs(model: torch.nn.Module, batch: mfa.Batch) -> torch.Tensor:
+def _outputs(model: torch.nn.Module, batch: SyntheticBatch) -> torch.Tensor:
     if batch.target_in.shape[1] == 0:
         return model(batch.source, batch.source_mask)[0]  # [B]
     return model(batch.source, batch.source_mask, batch.target_in)  # [B, T, V]

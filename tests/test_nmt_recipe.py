@@ -15,6 +15,9 @@ import torch
 from structattn.attention import SegmentationAttention, SigmoidAttention, SoftmaxAttention
 from structattn.cli import main
 from structattn.data.parallel import ParallelPair, TranslationVocabulary
+from structattn.data.translation import encode_sources
+from structattn.metrics import bleu, bleu_significance, chrf
+from structattn.models import translate
 from structattn.recipes import nmt
 from structattn.recipes.config import replace_path
 
@@ -87,8 +90,8 @@ def test_beam_one_is_greedy(tmp_path: Path) -> None:
     for p in model.parameters():  # sharper, varied distributions than the small init
         p.data.mul_(30)
     sources = [tuple("ねこいぬ"), tuple("とり"), tuple("うまさかなねこ")]
-    beam = nmt.translate(model, sources, vocabs, beam_size=1, max_length=12)
-    source, mask = nmt.encode_sources(sources, vocabs.source, torch.device("cpu"))
+    beam = translate(model, sources, vocabs, beam_size=1, max_length=12)
+    source, mask = encode_sources(sources, vocabs.source, torch.device("cpu"))
     with torch.no_grad():
         _, state = model.init_state(source, mask)
         memory = model.encode(source, mask).memory
@@ -156,17 +159,17 @@ def test_bleu_significance_and_table(tmp_path: Path) -> None:
     good = [r if i % 3 else " ".join(rng.choices(words, k=8)) for i, r in enumerate(refs)]
     bad = [" ".join(rng.choices(words, k=8)) for _ in refs]
     near = [refs[0], *bad[1:]]  # one sentence of 60 better
-    out = nmt.bleu_significance({"simple": bad, "a": good, "b": near}, refs, "simple", 200)
+    out = bleu_significance({"simple": bad, "a": good, "b": near}, refs, "simple", 200)
     assert out["simple"]["p_value"] is None
-    assert out["a"]["bleu"] == pytest.approx(nmt.bleu(good, refs))
+    assert out["a"]["bleu"] == pytest.approx(bleu(good, refs))
     assert out["a"]["p_value"] is not None and out["a"]["p_value"] < 0.05  # clearly better
     assert out["b"]["p_value"] is not None and out["b"]["p_value"] > 0.05  # not significant
     low, high = out["a"]["low"], out["a"]["high"]
     assert low is not None and high is not None and low < out["a"]["bleu"] < high
     with pytest.raises(ValueError, match="baseline"):
-        nmt.bleu_significance({"a": good}, refs, "simple")
+        bleu_significance({"a": good}, refs, "simple")
     with pytest.raises(ValueError, match="hypotheses"):
-        nmt.bleu_significance({"simple": bad, "a": good[:-1]}, refs, "simple")
+        bleu_significance({"simple": bad, "a": good[:-1]}, refs, "simple")
     for name, hyps in (("simple", bad), ("structured", good)):
         cell = tmp_path / f"char-{name}"
         cell.mkdir()
@@ -188,15 +191,15 @@ def test_bleu_significance_and_table(tmp_path: Path) -> None:
 def test_bleu_matches_sacrebleu_and_a_hand_count() -> None:
     hyps = ["the cat sat on the mat .", "i can 't tell who will win", "he is kind ."]
     refs = ["the cat sat on a mat .", "i can 't tell who will arrive first .", "he is kind ."]
-    ours = nmt.bleu(hyps, refs)
+    ours = bleu(hyps, refs)
     theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none").score
     assert ours == pytest.approx(theirs)
     assert ours == pytest.approx(_hand_bleu(hyps, refs), abs=1e-6)
-    assert 0 < ours < 100 and nmt.bleu(refs, refs) == pytest.approx(100.0)
-    assert nmt.bleu(["a b"], ["c d"]) == 0.0  # no smoothing, as multi-bleu.perl
-    assert 0 < nmt.chrf(hyps, refs) < 100
+    assert 0 < ours < 100 and bleu(refs, refs) == pytest.approx(100.0)
+    assert bleu(["a b"], ["c d"]) == 0.0  # no smoothing, as multi-bleu.perl
+    assert 0 < chrf(hyps, refs) < 100
     with pytest.raises(ValueError, match="hypotheses"):
-        nmt.bleu(["a"], ["a", "b"])
+        bleu(["a"], ["a", "b"])
 
 
 def test_a_tiny_model_learns_to_translate_characters(tmp_path: Path) -> None:

@@ -390,6 +390,10 @@ _DRAWING_CALLS: dict[str, Callable[[Path], Any]] = {
     "line_curves": lambda d: viz.line_curves({"a": {1: 1.0}}, d / "x.png", "x", "y"),
     "training_curves": lambda d: viz.training_curves(_some_run(d), d / "x.png"),
     "require_matplotlib": lambda d: viz.require_matplotlib(),
+    "mean_field_figures": lambda d: viz.mean_field_figures(
+        [[1.0]], ["q"], ["a"], d, "t", title="t", name="n", short_name="s"
+    ),
+    "translation_figures": lambda d: viz.translation_figures([("a", [[1.0]], ["r"])], None, d),
 }
 
 
@@ -686,3 +690,33 @@ def test_line_curves_writes_a_plot(tmp_path: Path) -> None:
     assert path.stat().st_size > 1000
     with pytest.raises(ValueError, match="at least one"):
         viz.line_curves({}, tmp_path / "d.png", "x", "y")
+
+
+@needs_matplotlib
+def test_mean_field_and_translation_figures_write_every_file(tmp_path: Path) -> None:
+    q, n, k = 2, 4, 3
+    iterates = torch.rand(k + 1, q, n)  # [k + 1, Q, N]
+    written = viz.mean_field_figures(
+        iterates[-1], ["y1", "</s>"], list("abcd"), tmp_path, "sorting_mfa3",
+        title="MFA_3: attention", name="MFA_3", short_name="mfa3", iterates=iterates,
+        couplings=torch.randn(q, n, n), free_energy=torch.randn(k + 1, q),
+    )  # fmt: skip
+    names = ["attention", "attention_iteration1", "interactions_step1", "interactions_step2"]
+    expected = [tmp_path / f"sorting_mfa3_{name}.png" for name in [*names, "free_energy"]]
+    assert written == expected
+    assert all(p.read_bytes().startswith(PNG_SIGNATURE) for p in written)
+    alone = viz.mean_field_figures([[0.5, 0.5]], ["q"], ["a", "b"], tmp_path / "soft", "s",
+                                   title="t", name="n", short_name="s")  # fmt: skip
+    assert alone == [tmp_path / "soft" / "s_attention.png"]
+    with pytest.raises(ValueError, match="couplings"):
+        viz.mean_field_figures([[1.0]], ["q"], ["a"], tmp_path, "x", title="t", name="n",
+                               short_name="s", couplings=[[1.0]])  # fmt: skip
+
+    panels = [("simple", torch.rand(3, 5), ["a", "b", "</s>"])]
+    z = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]).float()
+    files = viz.translation_figures(panels, list("01234"), tmp_path / "nmt", (z, ["a", "b", "c"]))
+    assert files == [tmp_path / "nmt" / "figure4.png", tmp_path / "nmt" / "segmentation.png"]
+    assert all(p.read_bytes().startswith(PNG_SIGNATURE) for p in files)
+    assert viz.translation_figures(panels, None, tmp_path / "one") == [
+        tmp_path / "one" / "figure4.png"
+    ]

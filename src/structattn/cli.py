@@ -332,7 +332,7 @@ def _cmd_data(recipe: Recipe[C], args: argparse.Namespace) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
-    from .recipes.demo import run_demo
+    from .demo import run_demo
 
     run_demo(args.out, quick=args.quick, seed=args.seed, resume=args.resume, force=args.force)
 

@@ -1,9 +1,12 @@
 """Task metrics shared by the data modules and the recipes: accuracy, confusion matrix with
-per-class precision / recall / F1, perplexity, paired bootstrap test, the spread of seeded runs.
+per-class precision / recall / F1, perplexity, paired bootstrap test, the spread of seeded
+runs; corpus BLEU / chrF of translations and their paired bootstrap test (sacrebleu,
+imported when called).
 
-Only the standard library and numpy: any layer may import this module (it imports nothing of
-structattn). Attachment scores (UAS / LAS) live with the CoNLL-U reader
-(:func:`structattn.data.conllu.attachment_scores`), which knows the punctuation tags.
+Only the standard library and numpy (sacrebleu inside the BLEU / chrF functions): any layer
+may import this module (it imports nothing of structattn). Attachment scores (UAS / LAS) live
+with the CoNLL-U reader (:func:`structattn.data.conllu.attachment_scores`), which knows the
+punctuation tags.
 
 >>> cm = ConfusionMatrix.build(["a", "a", "b", "b"], ["a", "b", "b", "b"], labels=["a", "b"])
 >>> cm.matrix, cm.accuracy
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +28,10 @@ __all__ = [
     "BracketScores",
     "ConfusionMatrix",
     "accuracy",
+    "bleu",
+    "bleu_significance",
     "bracket_f1",
+    "chrf",
     "paired_bootstrap",
     "perplexity",
     "seed_spread",
@@ -353,3 +359,58 @@ def bracket_f1(
         corpus_recall=recall,
         sentences=len(f1s),
     )
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus BLEU (0-100) of space-tokenized hypotheses against one reference each, as
+    multi-bleu.perl: no further tokenization, case kept, no smoothing (sacrebleu)."""
+    import sacrebleu
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    return float(
+        sacrebleu.corpus_bleu(
+            list(hypotheses), [list(references)], tokenize="none", smooth_method="none",
+            force=True,
+        ).score
+    )  # fmt: skip
+
+
+def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus chrF (0-100, sacrebleu's defaults: character 6-grams, beta 2)."""
+    import sacrebleu
+
+    return float(sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score)
+
+
+def bleu_significance(
+    hypotheses: Mapping[str, Sequence[str]],
+    references: Sequence[str],
+    baseline: str,
+    samples: int = 1000,
+) -> dict[str, dict[str, float | None]]:
+    """Paired bootstrap resampling of corpus BLEU (Koehn 2004; sacrebleu's ``PairedTest``
+    with its fixed seed, the test of Moses' bootstrap-hypothesis-difference-significance.pl):
+    per system ``{"bleu", "low", "high", "p_value"}`` -- the 95% interval of its resampled
+    BLEU, and the two-sided p-value of its difference from ``baseline`` (None for the
+    baseline itself; below 0.05: the difference is significant at 5%)."""
+    import sacrebleu
+    from sacrebleu.significance import PairedTest
+
+    if baseline not in hypotheses:
+        raise ValueError(f"baseline {baseline!r} is not among {sorted(hypotheses)}")
+    for name, hyps in hypotheses.items():
+        if len(hyps) != len(references):
+            raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(references)} references")
+    systems: list[tuple[str, Sequence[str]]] = [(baseline, list(hypotheses[baseline]))]
+    systems += [(n, list(h)) for n, h in hypotheses.items() if n != baseline]
+    metric = sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True)
+    _, scores = PairedTest(systems, {"BLEU": metric}, [list(references)], "bs", samples)()
+    out: dict[str, dict[str, float | None]] = {}
+    for (name, _), result in zip(systems, scores["BLEU"], strict=True):
+        assert not isinstance(result, str)
+        ci = result.ci or 0.0
+        mean = result.mean if result.mean is not None else result.score
+        out[name] = {"bleu": result.score, "low": mean - ci, "high": mean + ci,
+                     "p_value": None if name == baseline else result.p_value}  # fmt: skip
+    return out

@@ -3,6 +3,19 @@
 from .decoding import BeamResult, beam_search, greedy_search, reorder_batch_first
 from .language_model import LM_CELLS, LanguageModel, RNNLanguageModel, detach_state
 from .memory_qa import MEMORY_MODELS, MemoryQA, MemoryQAOutput, position_encoding
+from .mfa import (
+    AttentionInputs,
+    ChunkCounter,
+    ElmanRNN,
+    NoAttention,
+    attention_probe,
+    capture_attention_inputs,
+    counting_predictions,
+    free_energy_check,
+    mean_field_trajectory,
+    mfa_attention,
+    sorting_scores,
+)
 from .nli import INTRA_ATTENTION, DecomposableAttention, NLIOutput
 from .parser import ArcParser, WordFeatures, parse_sentences, predict_heads
 from .prpn_lm import PRPNConfig, PRPNLanguageModel, PRPNOutput, PRPNState
@@ -20,6 +33,7 @@ from .seq2seq import (
     make_attention,
     sequence_nll,
 )
+from .translation import translate, translation_attention, translation_perplexity
 
 __all__ = [
     "ATTENTIONS",
@@ -29,7 +43,11 @@ __all__ = [
     "SELF_ATTENTION",
     "INTRA_ATTENTION",
     "ArcParser",
+    "AttentionInputs",
     "BeamResult",
+    "ChunkCounter",
+    "ElmanRNN",
+    "NoAttention",
     "DecomposableAttention",
     "NLIOutput",
     "DecoderState",
@@ -48,13 +66,23 @@ __all__ = [
     "Seq2SeqConfig",
     "StructuredSeq2Seq",
     "WordFeatures",
+    "attention_probe",
     "beam_search",
+    "capture_attention_inputs",
+    "counting_predictions",
+    "free_energy_check",
     "detach_state",
     "greedy_search",
     "make_attention",
     "parse_sentences",
+    "mean_field_trajectory",
+    "mfa_attention",
     "position_encoding",
     "predict_heads",
     "reorder_batch_first",
     "sequence_nll",
+    "sorting_scores",
+    "translate",
+    "translation_attention",
+    "translation_perplexity",
 ]

@@ -26,35 +26,41 @@ decoder attention.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from ..attention import (
-    AttentionOutput,
-    MeanFieldAttention,
-    SoftmaxAttention,
-    VariationalAttention,
-)
+from ..data.batching import bucket_batches
 from ..data.synthetic import (
     CountingExample,
     SortingExample,
+    count_chunks,
     counting_examples,
     read_counting,
     read_sorting,
     sorting_examples,
     write_examples,
 )
-from ..models import RecurrentEncoder, Seq2Seq, Seq2SeqConfig
-from ..models.seq2seq import sequence_nll, source_lengths
-from ..structs.mean_field import mean_field_free_energy, mean_field_marginals
+from ..data.synthetic_batches import BOS, EOS, PAD, SyntheticBatch, collate, example_length
+from ..models import (
+    ChunkCounter,
+    ElmanRNN,
+    NoAttention,
+    Seq2Seq,
+    Seq2SeqConfig,
+    attention_probe,
+    counting_predictions,
+    free_energy_check,
+    mfa_attention,
+    sorting_scores,
+)
+from ..models.seq2seq import sequence_nll
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
@@ -65,12 +71,9 @@ __all__ = [
     "PAPER_TABLE1",
     "TABLE_MODELS",
     "TASKS",
-    "ChunkCounter",
-    "ElmanRNN",
     "MFAConfig",
     "build_model",
     "evaluate",
-    "free_energy_check",
     "load_data",
     "load_trained",
     "score",
@@ -104,7 +107,6 @@ PAPER_TABLE1: dict[str, tuple[float | None, float | None]] = {
 }
 #: the task's (train lengths, longest test length) when the config leaves them at 0
 TASK_LENGTHS = {"counting": (10, 30, 100), "sorting": (5, 15, 25)}
-PAD, BOS, EOS = 0, 1, 2  # token ids; counting bits are 1 ("0") and 2 ("1"), sorting v -> v + 3
 
 PAPER_TRAIN = TrainConfig(
     epochs=10, lr=1e-3, optimizer="adam", max_grad_norm=5.0, log_every=200, normalize_by="examples"
@@ -176,14 +178,6 @@ class MFAConfig:
 Example = CountingExample | SortingExample
 
 
-class Batch(NamedTuple):
-    source: Tensor  # [B, N] ids (padding 0 at the end)
-    source_mask: Tensor  # [B, N] True at real positions
-    target_in: Tensor  # [B, T] BOS + sorted ids (sorting; [B, 0] for counting)
-    target_out: Tensor  # [B, T] sorted ids + EOS, 0 = padding (sorting)
-    counts: Tensor  # [B] float chunk counts (counting; zeros for sorting)
-
-
 # ---- data ---------------------------------------------------------------------------------
 def load_data(config: MFAConfig) -> dict[str, list[Any]]:
     """Train/valid/test examples: read from ``data_dir`` (train/valid/test.tsv) or generated
@@ -212,138 +206,22 @@ def load_data(config: MFAConfig) -> dict[str, list[Any]]:
     }
 
 
-def _length(example: Example) -> int:
-    return len(example.bits) if isinstance(example, CountingExample) else len(example.values)
-
-
-def collate(examples: Sequence[Example], device: torch.device, max_value: int) -> Batch:
-    """Pad examples into a :class:`Batch` (sorting values above ``max_value`` are an error)."""
-    n = max(map(_length, examples))
-    source = torch.zeros(len(examples), n, dtype=torch.long)
-    count = torch.zeros(len(examples))
-    sorting = isinstance(examples[0], SortingExample)
-    t = n + 1 if sorting else 0
-    target_in = torch.zeros(len(examples), t, dtype=torch.long)
-    target_out = torch.zeros(len(examples), t, dtype=torch.long)
-    for i, ex in enumerate(examples):
-        if isinstance(ex, CountingExample):
-            source[i, : len(ex.bits)] = torch.tensor([1 + int(c) for c in ex.bits])
-            count[i] = ex.count
-        else:
-            if max(ex.values) > max_value:
-                raise ValueError(f"value {max(ex.values)} is above max_value={max_value}")
-            k = len(ex.values)
-            source[i, :k] = torch.tensor(ex.values) + 3
-            target_in[i, : k + 1] = torch.tensor([BOS, *(v + 3 for v in ex.target)])
-            target_out[i, : k + 1] = torch.tensor([*(v + 3 for v in ex.target), EOS])
-    return Batch(
-        source.to(device),
-        (source != PAD).to(device),
-        target_in.to(device),
-        target_out.to(device),
-        count.to(device),
-    )
-
-
 def batches_for_epoch(
     examples: Sequence[Example], batch_size: int, seed: int, epoch: int
 ) -> list[list[Example]]:
     """Length-bucketed batches in a random order fixed by (seed, epoch)."""
-    rng = random.Random(seed * 100_003 + epoch)
-    order = sorted(range(len(examples)), key=lambda i: (_length(examples[i]), rng.random()))
-    batches = [
-        [examples[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)
-    ]
-    rng.shuffle(batches)
-    return batches
+    return bucket_batches(examples, batch_size, seed, epoch, example_length)
 
 
-def _in_length_order(examples: Sequence[Example], size: int) -> list[list[int]]:
-    """Indices of ``examples`` in chunks of ``size`` of similar lengths (evaluation)."""
-    order = sorted(range(len(examples)), key=lambda i: _length(examples[i]))
-    return [order[s : s + size] for s in range(0, len(order), size)]
-
-
-# ---- models -------------------------------------------------------------------------------
-class ElmanRNN(nn.Module):
-    """A tanh RNN (``nn.RNN``) with ``nn.LSTM``'s call signature: ``(x, (h, c))`` in,
-    ``(outputs, (h, zeros))`` out, so that it can stand in for the LSTMs of
-    :class:`~structattn.models.RecurrentEncoder` and :class:`~structattn.models.Seq2Seq`
-    (the cell state is ignored and returned as zeros; packed sequences work)."""
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1) -> None:
-        super().__init__()
-        self.rnn = nn.RNN(input_size, hidden_size, num_layers, batch_first=True)
-
-    def forward(self, x: Any, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Any, Any]:
-        outputs, h = self.rnn(x, None if hx is None else hx[0])
-        return outputs, (h, torch.zeros_like(h))
-
-
-class _NoAttention(nn.Module):
-    """A zero context (the attention-free baselines inside :class:`Seq2Seq`)."""
-
-    def forward(self, query: Tensor, memory: Tensor, mask: Tensor) -> AttentionOutput:
-        context = memory.new_zeros(*query.shape[:-1], memory.shape[-1])  # [B, T, M]
-        weights = memory.new_zeros(*query.shape[:-1], memory.shape[1])  # [B, T, N]
-        return AttentionOutput(context, weights, weights)
-
-
-def make_attention(config: MFAConfig, memory_dim: int, query_dim: int) -> nn.Module | None:
-    """The model's attention layer (None for rnn / lstm / bilstm)."""
-    if config.model == "attention":
-        return SoftmaxAttention(memory_dim, query_dim, "mlp", config.attention_dim)
-    if config.model == "vae":
-        return VariationalAttention(
-            memory_dim, query_dim, "mlp", config.attention_dim, config.kl_weight
-        )
-    if config.model == "mfa":
-        return MeanFieldAttention(memory_dim, query_dim, config.attention_dim, config.iterations)
-    return None
-
-
-class ChunkCounter(nn.Module):
-    r"""Chunk counting as a one-step encoder-decoder: embeddings of the bits, a (bi)LSTM or
-    RNN encoder h_1..h_N, its last state d as the query,
-    ``count = w^T tanh(U [c; d]) + b`` with ``c = attention(d, h).context``
-    (``w^T d + b`` without attention).
-
-    ``forward(source [B, N], source_mask [B, N]) -> (counts [B], attention output or None)``.
-    """
-
-    def __init__(self, config: MFAConfig) -> None:
-        super().__init__()
-        dim, hidden = config.embedding_dim, config.hidden_dim
-        self.embedding = nn.Embedding(3, dim, padding_idx=PAD)
-        self.encoder = RecurrentEncoder(dim, hidden, 1, config.model == "bilstm")
-        if config.model == "rnn":
-            self.encoder.lstm = ElmanRNN(dim, hidden)  # type: ignore[assignment]
-        self.attention = make_attention(config, hidden, hidden)
-        self.combine = nn.Linear(2 * hidden, hidden) if self.attention is not None else None
-        self.output = nn.Linear(hidden, 1)
-
-    def forward(self, source: Tensor, source_mask: Tensor) -> tuple[Tensor, Any]:
-        lengths = source_lengths(source, source_mask)
-        memory, final = self.encoder(self.embedding(source), lengths, True)  # [B, N, H]
-        assert final is not None
-        query = final[0][:, -1]  # [B, H] last layer's last state (both directions)
-        if self.attention is None or self.combine is None:
-            return self.output(query).squeeze(-1), None
-        out = self.attention(query, memory, source_mask)
-        hidden = torch.tanh(self.combine(torch.cat([out.context, query], dim=-1)))  # [B, H]
-        return self.output(hidden).squeeze(-1), out
-
-    def penalty(self) -> Tensor:
-        """The attention's ``penalty()`` (variational attention's KL), 0 otherwise."""
-        penalty = getattr(self.attention, "penalty", None)
-        return penalty() if callable(penalty) else self.output.bias.new_zeros(())
-
-
+# ---- model --------------------------------------------------------------------------------
 def build_model(config: MFAConfig) -> nn.Module:
     """The model of ``config`` (seeded with ``train.seed``)."""
     torch.manual_seed(config.train.seed)
     if config.task == "counting":
-        return ChunkCounter(config)
+        return ChunkCounter(
+            config.embedding_dim, config.hidden_dim, config.model, config.attention_dim,
+            config.iterations, config.kl_weight,
+        )  # fmt: skip
     dim, hidden = config.embedding_dim, config.hidden_dim
     seq = Seq2SeqConfig(
         source_vocab_size=config.max_value + 4,
@@ -358,7 +236,10 @@ def build_model(config: MFAConfig) -> nn.Module:
         share_embeddings=True,
         padding_idx=PAD,
     )
-    attention = make_attention(config, hidden, hidden) or _NoAttention()
+    attention = mfa_attention(
+        config.model, hidden, hidden, config.attention_dim, config.iterations, config.kl_weight
+    )
+    attention = attention or NoAttention()
     model = Seq2Seq(seq, attention)
     if config.model == "rnn":
         assert model.encoder is not None
@@ -372,7 +253,7 @@ def _penalty(model: nn.Module) -> Tensor:
     return cast(Tensor, model.penalty())  # type: ignore[operator]
 
 
-def batch_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, int, int]:
+def batch_loss(model: nn.Module, batch: SyntheticBatch) -> tuple[Tensor, int, int]:
     """Summed loss of a batch (squared error, or the target NLL), examples, tokens; plus the
     attention's penalty (variational attention's KL)."""
     n = batch.source.shape[0]
@@ -385,47 +266,6 @@ def batch_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, int, int]:
 
 
 # ---- evaluation ---------------------------------------------------------------------------
-@torch.no_grad()
-def _counting_scores(
-    model: nn.Module, examples: Sequence[CountingExample], device: torch.device, max_value: int
-) -> list[float]:
-    """Predicted counts in order."""
-    predicted = [0.0] * len(examples)
-    for chunk in _in_length_order(examples, 500):
-        batch = collate([examples[i] for i in chunk], device, max_value)
-        out, _ = model(batch.source, batch.source_mask)
-        for i, p in zip(chunk, out.tolist(), strict=True):
-            predicted[i] = p
-    return predicted
-
-
-@torch.no_grad()
-def _sorting_scores(
-    model: nn.Module,
-    examples: Sequence[SortingExample],
-    device: torch.device,
-    max_value: int,
-    decode: bool,
-) -> tuple[list[float], list[list[int]]]:
-    """Per-example target NLL (teacher forcing, nats) and greedy predictions (if ``decode``)."""
-    nll = [0.0] * len(examples)
-    predicted: list[list[int]] = [[] for _ in examples]
-    assert isinstance(model, Seq2Seq)
-    for chunk in _in_length_order(examples, 200):
-        batch = collate([examples[i] for i in chunk], device, max_value)
-        logits = model(batch.source, batch.source_mask, batch.target_in)
-        per_token = sequence_nll(logits, batch.target_out, PAD, "none")  # [B, T]
-        for i, value in zip(chunk, per_token.sum(-1).tolist(), strict=True):
-            nll[i] = value
-        if decode:
-            beam = model.beam_search(
-                batch.source, batch.source_mask, BOS, EOS, 1, batch.source.shape[1]
-            )
-            for i, tokens in zip(chunk, beam.tokens, strict=True):
-                predicted[i] = [t - 3 for t in tokens]
-    return nll, predicted
-
-
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / max(len(values), 1)
 
@@ -437,11 +277,11 @@ def validate(
     model.eval()
     if isinstance(examples[0], CountingExample):
         counting = [e for e in examples if isinstance(e, CountingExample)]
-        predicted = _counting_scores(model, counting, device, max_value)
+        predicted = counting_predictions(model, counting, device, max_value)
         mse = _mean([(p - e.count) ** 2 for p, e in zip(predicted, counting, strict=True)])
         return {"metric": -mse, "mse": mse}
     sorting = [e for e in examples if isinstance(e, SortingExample)]
-    nll, _ = _sorting_scores(model, sorting, device, max_value, decode=False)
+    nll, _ = sorting_scores(model, sorting, device, max_value, decode=False)
     return {"metric": -_mean(nll), "nll": _mean(nll)}
 
 
@@ -461,7 +301,7 @@ def evaluate(
     records: list[dict[str, Any]] = []
     if isinstance(examples[0], CountingExample):
         counting = [e for e in examples if isinstance(e, CountingExample)]
-        predicted = _counting_scores(model, counting, device, max_value)
+        predicted = counting_predictions(model, counting, device, max_value)
         for i, (ex, p) in enumerate(zip(counting, predicted, strict=True)):
             by_length[len(ex.bits)].append((p - ex.count) ** 2)
             records.append({"index": i, "input": ex.bits, "target": ex.count, "predicted": p})
@@ -472,7 +312,7 @@ def evaluate(
         }
     else:
         sorting = [e for e in examples if isinstance(e, SortingExample)]
-        nll, decoded = _sorting_scores(model, sorting, device, max_value, decode=True)
+        nll, decoded = sorting_scores(model, sorting, device, max_value, decode=True)
         correct: dict[int, list[float]] = defaultdict(list)
         for i, (sx, value, out) in enumerate(zip(sorting, nll, decoded, strict=True)):
             by_length[len(sx.values)].append(value)
@@ -494,99 +334,6 @@ def evaluate(
     if predictions is not None:
         runs.write_jsonl(predictions, records)
     return scores
-
-
-class _Captured(NamedTuple):
-    query: Tensor  # [B, Q, Dq]
-    memory: Tensor  # [B, N, Dm]
-    mask: Tensor  # [B, N]
-
-
-def _capture(model: nn.Module, batch: Batch) -> list[_Captured]:
-    """The attention's inputs of every call of a teacher-forced forward pass."""
-    seen: list[_Captured] = []
-    attention = model.attention
-    assert isinstance(attention, nn.Module)
-
-    def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
-        query = args[0] if args[0].dim() == 3 else args[0].unsqueeze(1)
-        seen.append(_Captured(query, args[1], args[2]))
-
-    handle = attention.register_forward_pre_hook(hook)
-    try:
-        with torch.no_grad():
-            if batch.target_in.shape[1] == 0:
-                model(batch.source, batch.source_mask)
-            else:
-                model(batch.source, batch.source_mask, batch.target_in)
-    finally:
-        handle.remove()
-    return seen
-
-
-def _trajectory(
-    attention: MeanFieldAttention, captured: _Captured
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """phi [B, Q, N], J [B, Q, N, N], mask [B, Q, N] and the iterates [k + 1, B, Q, N]."""
-    unary, coupling = attention.potentials(*captured)
-    b, q, n = unary.shape
-    mask = captured.mask.unsqueeze(1).expand(b, q, n)
-    spins = mean_field_marginals(
-        unary.reshape(-1, n),  # [B*Q, N]
-        coupling.reshape(-1, n, n),  # [B*Q, N, N]
-        attention.iterations,
-        mask.reshape(-1, n),
-        return_trajectory=True,
-    )  # [k + 1, B*Q, N]
-    return unary, coupling, mask, spins.view(-1, b, q, n)
-
-
-@torch.no_grad()
-def free_energy_check(
-    model: nn.Module,
-    examples: Sequence[Example],
-    device: torch.device | str = "cpu",
-    max_value: int = 99,
-    tolerance: float = 1e-4,
-) -> dict[str, Any]:
-    """Theorem 2 on a trained MFA model: the mean-field free energy F(q^(t)) along the k
-    parallel updates of every attention query (teacher-forced). Returns the mean F per
-    iteration, the fraction of queries whose F ever rises by more than ``tolerance`` (a
-    violation) and the largest rise."""
-    model.eval()
-    attention = getattr(model, "attention", None)
-    if not isinstance(attention, MeanFieldAttention):
-        raise ValueError("free_energy_check needs a model with MeanFieldAttention")
-    device = torch.device(device)
-    totals: Tensor | None = None
-    queries, violations, worst = 0, 0, 0.0
-    for chunk in _in_length_order(examples, 200):
-        batch = collate([examples[i] for i in chunk], device, max_value)
-        for captured in _capture(model, batch):
-            unary, coupling, mask, spins = _trajectory(attention, captured)
-            n = unary.shape[-1]
-            energies = torch.stack(
-                [
-                    mean_field_free_energy(
-                        unary.reshape(-1, n), coupling.reshape(-1, n, n), s.reshape(-1, n),
-                        mask.reshape(-1, n),
-                    )
-                    for s in spins
-                ]
-            )  # [k + 1, B*Q]  # fmt: skip
-            rise = (energies[1:] - energies[:-1]).amax(0) if len(energies) > 1 else None
-            totals = energies.sum(1) if totals is None else totals + energies.sum(1)
-            queries += energies.shape[1]
-            if rise is not None:
-                violations += int((rise > tolerance).sum())
-                worst = max(worst, float(rise.max()))
-    assert totals is not None
-    return {
-        "free_energy": [float(v) / queries for v in totals],
-        "queries": queries,
-        "violations": violations / queries,
-        "largest_rise": worst,
-    }
 
 
 # ---- train / load / score -----------------------------------------------------------------
@@ -745,6 +492,28 @@ def _run_dirs(checkpoint: Path) -> list[Path]:
     return found
 
 
+def _figure_batch(
+    model: nn.Module, config: MFAConfig, bits: str, values: Sequence[int]
+) -> tuple[SyntheticBatch, list[str], list[str]]:
+    """The batch of one example (sorting: teacher-forced on the greedy output), the
+    figure's row labels (outputs) and column labels (inputs)."""
+    cpu = torch.device("cpu")
+    if config.task == "counting":
+        batch = collate([CountingExample(bits, count_chunks(bits))], cpu, config.max_value)
+        predicted, _ = model(batch.source, batch.source_mask)
+        return batch, [f"count {float(predicted[0]):.2f}"], list(bits)
+    batch = collate([SortingExample(tuple(values), tuple(sorted(values)))], cpu, config.max_value)
+    assert isinstance(model, Seq2Seq)
+    decoded = model.beam_search(batch.source, batch.source_mask, BOS, EOS, 1, len(values))
+    target = [t - 3 for t in decoded.tokens[0]]
+    # attention along the greedy output (teacher-forced on it)
+    batch = batch._replace(
+        target_in=torch.tensor([[BOS, *(t + 3 for t in target)]]),
+        target_out=torch.tensor([[*(t + 3 for t in target), EOS]]),
+    )
+    return batch, [*map(str, target), "</s>"], [str(v) for v in values]
+
+
 def visualize(
     checkpoint: str | Path,
     out_dir: str | Path | None = None,
@@ -755,9 +524,9 @@ def visualize(
     one example (counting: ``bits``; sorting: ``values``, greedy-decoded; default the
     paper's [2, 9, 11, 1, 17], or a seeded sequence of 5 when it exceeds ``max_value``),
     for MFA also the attention after iteration 1, the interaction map J with its maximum
-    spanning tree for every output step and the free energy per iteration. Returns the
-    files written."""
-    from .. import viz
+    spanning tree for every output step and the free energy per iteration
+    (:func:`~structattn.viz.mean_field_figures`). Returns the files written."""
+    from ..viz import mean_field_figures
 
     root = Path(checkpoint)
     out = Path(out_dir) if out_dir else (root if root.is_dir() else root.parent)
@@ -765,96 +534,20 @@ def visualize(
     for run_dir in _run_dirs(root):
         model, config = load_trained(run_dir)
         attention = getattr(model, "attention", None)
-        if attention is None or isinstance(attention, _NoAttention):
+        if attention is None or isinstance(attention, NoAttention):
             continue
-        tag = f"{config.task}_{config.name}"
-        if config.task == "counting":
-            example: Example = CountingExample(bits, sum(
-                1 for i, c in enumerate(bits) if c == "1" and (i == 0 or bits[i - 1] == "0")
-            ))  # fmt: skip
-            batch = collate([example], torch.device("cpu"), config.max_value)
-            predicted, _ = model(batch.source, batch.source_mask)
-            rows = [f"count {float(predicted[0]):.2f}"]
-            columns = list(bits)
-        else:
-            if values is None:
-                values = SAMPLE_VALUES
-                if max(values) > config.max_value:
-                    values = sorting_examples(1, [5], 0, "viz", config.max_value)[0].values
-            ex = SortingExample(tuple(values), tuple(sorted(values)))
-            batch = collate([ex], torch.device("cpu"), config.max_value)
-            assert isinstance(model, Seq2Seq)
-            decoded = model.beam_search(batch.source, batch.source_mask, BOS, EOS, 1, len(values))
-            target = [t - 3 for t in decoded.tokens[0]]
-            # attention along the greedy output (teacher-forced on it)
-            ex = SortingExample(tuple(values), tuple(target))
-            k = len(target)
-            batch = Batch(
-                batch.source,
-                batch.source_mask,
-                torch.tensor([[BOS, *(t + 3 for t in target[:k])]]),
-                torch.tensor([[*(t + 3 for t in target[:k]), EOS]]),
-                batch.counts,
-            )
-            rows = [*map(str, target), "</s>"]
-            columns = [str(v) for v in values]
-            example = ex
-        captured = _capture(model, batch)
-        query = torch.cat([c.query for c in captured], dim=1)  # [1, Q, D]
-        seen = _Captured(query, captured[0].memory, captured[0].mask)
-        with torch.no_grad():
-            result = attention(*seen)
-        weights = result.weights[0]  # [Q, N]
-        title = f"{MODEL_NAMES.get(config.name, config.name)}: attention ({config.task})"
-        written.append(
-            viz.attention_heatmap(
-                weights,
-                rows,
-                columns,
-                out / f"{tag}_attention.png",
-                title,
-                annotate=len(columns) <= 30,
-            )  # fmt: skip
-        )
-        if not isinstance(attention, MeanFieldAttention):
-            continue
-        with torch.no_grad():
-            unary, coupling, mask, spins = _trajectory(attention, seen)
-        if attention.iterations > 0:
-            written.append(
-                viz.attention_heatmap(
-                    spins[1, 0], rows, columns, out / f"{tag}_attention_iteration1.png",
-                    f"{MODEL_NAMES.get(config.name, config.name)}: after iteration 1",
-                    annotate=len(columns) <= 30,
-                )
-            )  # fmt: skip
-        for q, label in enumerate(rows):
-            written.append(
-                viz.interaction_map(
-                    coupling[0, q], columns, out / f"{tag}_interactions_step{q + 1}.png",
-                    title=f"{config.name}: J at output step {q + 1} ({label})",
-                )
-            )  # fmt: skip
-        n = unary.shape[-1]
-        energy = {
-            f"step {q + 1}": {
-                t: float(
-                    mean_field_free_energy(
-                        unary[0, q].view(1, n), coupling[0, q].view(1, n, n),
-                        spins[t, 0, q].view(1, n), mask[0, q].view(1, n),
-                    )[0]
-                )
-                for t in range(spins.shape[0])
-            }
-            for q in range(len(rows))
-        }  # fmt: skip
-        written.append(
-            viz.line_curves(
-                energy, out / f"{tag}_free_energy.png", "iteration", "free energy F(q)",
-                f"{config.name}: mean-field free energy per iteration",
-            )
+        if config.task == "sorting" and values is None:
+            values = SAMPLE_VALUES
+            if max(values) > config.max_value:
+                values = sorting_examples(1, [5], 0, "viz", config.max_value)[0].values
+        batch, rows, columns = _figure_batch(model, config, bits, values or ())
+        probe = attention_probe(model, batch)  # weights [Q, N] (+ mean-field trajectory)
+        name = MODEL_NAMES.get(config.name, config.name)
+        written += mean_field_figures(
+            probe.pop("weights"), rows, columns, out, f"{config.task}_{config.name}",
+            title=f"{name}: attention ({config.task})", name=name, short_name=config.name,
+            **probe,
         )  # fmt: skip
-        del example
     if not written:
         raise ValueError(f"no model with attention under {checkpoint}")
     return written

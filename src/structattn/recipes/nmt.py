@@ -26,12 +26,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..attention import SegmentationAttention
+from ..data.batching import bucket_batches
 from ..data.parallel import (
     FilterReport,
     ParallelPair,
@@ -40,10 +41,22 @@ from ..data.parallel import (
     filter_pairs,
     read_lines,
     read_parallel,
-    source_tokens,
+)
+from ..data.translation import (
+    TranslationBatch,
+    Vocabularies,
+    collate,
+    vocabularies,
 )
 from ..io import atomic_write_text
-from ..models import Seq2Seq, Seq2SeqConfig
+from ..metrics import bleu, bleu_significance, chrf
+from ..models import (
+    Seq2Seq,
+    Seq2SeqConfig,
+    translate,
+    translation_attention,
+    translation_perplexity,
+)
 from ..models.seq2seq import sequence_nll
 from ..names import MemoryStructure
 from ..training import Task, TrainConfig, fit, load_model_state
@@ -52,19 +65,15 @@ from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
 
 __all__ = [
-    "bleu_significance",
     "significance_table",
     "PAPER_TABLE",
     "RECIPE",
     "NMTConfig",
-    "bleu",
     "build_model",
-    "chrf",
     "load_data",
     "load_trained",
     "score",
     "train",
-    "translate",
     "visualize",
 ]
 
@@ -135,18 +144,6 @@ class NMTConfig:
             raise ValueError(f"`train` must be a TrainConfig, got {type(self.train).__name__}")
 
 
-class Batch(NamedTuple):
-    source: Tensor  # [B, N] source ids (padding 0 at the end)
-    source_mask: Tensor  # [B, N] True at real positions
-    target_in: Tensor  # [B, T] <s> + target
-    target_out: Tensor  # [B, T] target + </s> (0 = padding)
-
-
-class Vocabularies(NamedTuple):
-    source: TranslationVocabulary  # characters or words
-    target: TranslationVocabulary  # English words
-
-
 # ---- data ---------------------------------------------------------------------------------
 def _data_dir(config: NMTConfig) -> Path:
     return Path(config.data_dir) if config.data_dir else default_enja_data_dir()
@@ -175,56 +172,14 @@ def load_data(config: NMTConfig) -> tuple[dict[str, list[ParallelPair]], dict[st
 
 def build_vocabularies(config: NMTConfig, train: Sequence[ParallelPair]) -> Vocabularies:
     """Source (characters or words) and target vocabularies of the training pairs."""
-    source = TranslationVocabulary.build(
-        (source_tokens(p, config.source) for p in train), config.min_count
-    )
-    target = TranslationVocabulary.build((p.target for p in train), config.min_count)
-    return Vocabularies(source, target)
-
-
-def _pad(rows: Sequence[Sequence[int]], width: int) -> Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.long)  # [B, width], 0 = padding
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
-
-def encode_sources(
-    sources: Sequence[Sequence[str]], vocab: TranslationVocabulary, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Padded source ids [B, N] and mask [B, N] (every source needs >= 1 token)."""
-    ids = [vocab.encode(s) for s in sources]
-    source = _pad(ids, max(map(len, ids))).to(device)
-    return source, source != vocab.pad_id
-
-
-def collate(
-    pairs: Sequence[ParallelPair], vocabs: Vocabularies, unit: str, device: torch.device
-) -> Batch:
-    """Pad pairs into a :class:`Batch` (sources as ``unit``: "char" or "word")."""
-    source, mask = encode_sources(
-        [source_tokens(p, unit) for p in pairs],  # type: ignore[arg-type]
-        vocabs.source,
-        device,
-    )
-    targets = [vocabs.target.encode(p.target) for p in pairs]
-    width = max(map(len, targets)) + 1
-    target_in = _pad([[vocabs.target.bos_id, *y] for y in targets], width)
-    target_out = _pad([[*y, vocabs.target.eos_id] for y in targets], width)
-    return Batch(source, mask, target_in.to(device), target_out.to(device))
+    return vocabularies(train, config.source, config.min_count)
 
 
 def batches_for_epoch(
     pairs: Sequence[ParallelPair], batch_size: int, seed: int, epoch: int
 ) -> list[list[ParallelPair]]:
     """Batches of pairs of similar source length, in a random order fixed by (seed, epoch)."""
-    rng = random.Random(seed * 100_003 + epoch)
-    order = sorted(range(len(pairs)), key=lambda i: (pairs[i].source_chars, rng.random()))
-    batches = [
-        [pairs[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)
-    ]
-    rng.shuffle(batches)
-    return batches
+    return bucket_batches(pairs, batch_size, seed, epoch, lambda pair: pair.source_chars)
 
 
 # ---- model --------------------------------------------------------------------------------
@@ -256,7 +211,7 @@ def build_model(config: NMTConfig, vocabs: Vocabularies) -> Seq2Seq:
     return model
 
 
-def sequence_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, int, Tensor]:
+def sequence_loss(model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, int, Tensor]:
     """Summed token NLL plus B times the attention penalty (the loop divides by B, so each
     step minimises the mean sentence NLL + penalty), sentences, target tokens."""
     logits = model(batch.source, batch.source_mask, batch.target_in)  # [B, T, V]
@@ -265,108 +220,6 @@ def sequence_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, int, Tensor]:
     inner = getattr(model, "module", model)  # the model itself under DDP
     penalty = inner.penalty() if isinstance(inner, Seq2Seq) else logits.new_zeros(())
     return nll + examples * penalty, examples, (batch.target_out != 0).sum()
-
-
-@torch.no_grad()
-def perplexity(
-    model: Seq2Seq, pairs: Sequence[ParallelPair], vocabs: Vocabularies, unit: str,
-    device: torch.device,
-) -> float:  # fmt: skip
-    """Teacher-forced per-token perplexity (EOS included, no penalty)."""
-    total, tokens = 0.0, 0
-    for start in range(0, len(pairs), 100):
-        batch = collate(pairs[start : start + 100], vocabs, unit, device)
-        logits = model(batch.source, batch.source_mask, batch.target_in)
-        total += float(sequence_nll(logits, batch.target_out, 0, "sum"))
-        tokens += int((batch.target_out != 0).sum())
-    return math.exp(total / max(tokens, 1))
-
-
-# ---- decoding and metrics -------------------------------------------------------------------
-@torch.no_grad()
-def translate(
-    model: Seq2Seq,
-    sources: Sequence[Sequence[str]],
-    vocabs: Vocabularies,
-    device: torch.device | str = "cpu",
-    beam_size: int = 5,
-    max_length: int = 100,
-    batch_size: int = 50,
-) -> list[list[str]]:
-    """Beam-search translations (target tokens, possibly empty) of source token sequences
-    (each non-empty), in input order. At most ``min(max_length, 2 N + 10)`` tokens for a
-    source of N tokens."""
-    if any(len(s) == 0 for s in sources):
-        raise ValueError("every source needs at least one token")
-    device = torch.device(device)
-    model.eval()
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: dict[int, list[str]] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        source, mask = encode_sources([sources[i] for i in chunk], vocabs.source, device)
-        limit = min(max_length, 2 * source.shape[1] + 10)
-        beam = model.beam_search(
-            source, mask, vocabs.target.bos_id, vocabs.target.eos_id, beam_size, limit
-        )
-        for i, tokens in zip(chunk, beam.tokens, strict=True):
-            results[i] = vocabs.target.decode(tokens)
-    return [results[i] for i in range(len(sources))]
-
-
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """Corpus BLEU (0-100) of space-tokenized hypotheses against one reference each, as
-    multi-bleu.perl: no further tokenization, case kept, no smoothing (sacrebleu)."""
-    import sacrebleu
-
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return float(
-        sacrebleu.corpus_bleu(
-            list(hypotheses), [list(references)], tokenize="none", smooth_method="none",
-            force=True,
-        ).score
-    )  # fmt: skip
-
-
-def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """Corpus chrF (0-100, sacrebleu's defaults: character 6-grams, beta 2)."""
-    import sacrebleu
-
-    return float(sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score)
-
-
-def bleu_significance(
-    hypotheses: Mapping[str, Sequence[str]],
-    references: Sequence[str],
-    baseline: str,
-    samples: int = 1000,
-) -> dict[str, dict[str, float | None]]:
-    """Paired bootstrap resampling of corpus BLEU (Koehn 2004; sacrebleu's ``PairedTest``
-    with its fixed seed, the test of Moses' bootstrap-hypothesis-difference-significance.pl):
-    per system ``{"bleu", "low", "high", "p_value"}`` -- the 95% interval of its resampled
-    BLEU, and the two-sided p-value of its difference from ``baseline`` (None for the
-    baseline itself; below 0.05: the difference is significant at 5%)."""
-    import sacrebleu
-    from sacrebleu.significance import PairedTest
-
-    if baseline not in hypotheses:
-        raise ValueError(f"baseline {baseline!r} is not among {sorted(hypotheses)}")
-    for name, hyps in hypotheses.items():
-        if len(hyps) != len(references):
-            raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(references)} references")
-    systems: list[tuple[str, Sequence[str]]] = [(baseline, list(hypotheses[baseline]))]
-    systems += [(n, list(h)) for n, h in hypotheses.items() if n != baseline]
-    metric = sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True)
-    _, scores = PairedTest(systems, {"BLEU": metric}, [list(references)], "bs", samples)()
-    out: dict[str, dict[str, float | None]] = {}
-    for (name, _), result in zip(systems, scores["BLEU"], strict=True):
-        assert not isinstance(result, str)
-        ci = result.ci or 0.0
-        mean = result.mean if result.mean is not None else result.score
-        out[name] = {"bleu": result.score, "low": mean - ci, "high": mean + ci,
-                     "p_value": None if name == baseline else result.p_value}  # fmt: skip
-    return out
 
 
 def significance_table(out: str | Path, baseline: str = "simple") -> str:
@@ -462,7 +315,7 @@ def train(config: NMTConfig, run_dir: str | Path, resume: bool = False) -> dict[
     valid = splits["valid"]
 
     def validate(m: nn.Module) -> dict[str, float]:
-        ppl = perplexity(m, valid, vocabs, config.source, device)  # type: ignore[arg-type]
+        ppl = translation_perplexity(m, valid, vocabs, config.source, device)  # type: ignore[arg-type]
         return {"metric": -ppl, "perplexity": ppl}
 
     task = Task(
@@ -655,39 +508,6 @@ def _runs_in(checkpoint: str | Path) -> list[Path]:
     )
 
 
-@torch.no_grad()
-def attention_weights(
-    model: Seq2Seq, source: Sequence[str], target: Sequence[str], vocabs: Vocabularies
-) -> tuple[Tensor, Tensor | None]:
-    """Teacher-forced attention weights [T, N] of ``target`` (decoded words, then </s>) over
-    the model's ``source`` tokens, and for segmentation attention the Viterbi segmentation
-    z [T, N] of every step (None otherwise)."""
-    model.eval()
-    src, mask = encode_sources([source], vocabs.source, torch.device("cpu"))
-    ids = vocabs.target.encode(target)
-    target_in = torch.tensor([[vocabs.target.bos_id, *ids]])  # [1, T]
-    weights: list[Tensor] = []
-    queries: list[Tensor] = []
-    memories: list[Tensor] = []
-
-    def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-        queries.append(args[0])  # [1, 1, l]
-        memories.append(args[1])  # [1, N, M]
-        weights.append(out.weights)  # [1, 1, N]
-
-    handle = model.attention.register_forward_hook(hook)
-    try:
-        model(src, mask, target_in)
-    finally:
-        handle.remove()
-    alpha = torch.cat(weights, dim=1)[0]  # [T, N]
-    segments = None
-    if isinstance(model.attention, SegmentationAttention):
-        query = torch.cat(queries, dim=1)  # [1, T, l]
-        segments = model.attention.decode(query, memories[0], mask)[0]  # [T, N]
-    return alpha, segments
-
-
 def visualize(
     checkpoint: str | Path, index: int = 0, sentence: str = "", out_dir: str | Path | None = None
 ) -> list[Path]:
@@ -722,7 +542,7 @@ def visualize(
             raise ValueError("the source sentence is empty")
         tokens = tuple("".join(words)) if config.source == "char" else words
         hypothesis = translate(model, [tokens], vocabs, beam_size=config.beam_size)[0]
-        alpha, segments = attention_weights(model, tokens, hypothesis, vocabs)
+        alpha, segments = translation_attention(model, tokens, hypothesis, vocabs)
         rows = [*hypothesis, "</s>"]
         name = f"{_NAMES[config.attention]} ({config.source})"
         panels.append((name, alpha, rows))
@@ -733,18 +553,7 @@ def visualize(
                 spans = "".join(t if zi == 1 else "·" for t, zi in zip(tokens, z, strict=True))
                 text.append(f"    - `{row}`: {spans}")
     columns = [str(i) for i in range(len(tokens))]
-    written = [
-        viz.attention_panels(
-            panels, columns, out / "figure4.png", title="source attention per target word"
-        )
-    ]
-    if segmentation is not None:
-        written.append(
-            viz.attention_heatmap(
-                segmentation[0], segmentation[1], columns, out / "segmentation.png",
-                title="structured: Viterbi segmentation z (1 = attended)", vmax=1.0,
-            )
-        )  # fmt: skip
+    written = viz.translation_figures(panels, columns, out, segmentation)
     legend = " ".join(f"{i}:{t}" for i, t in enumerate(tokens))
     lines = [f"Source: {' '.join(tokens)}", f"Columns: {legend}"]
     if not sentence:

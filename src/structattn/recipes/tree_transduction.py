@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.batching import bucket_batches, pad_sequences
 from ..data.tree_transduction import (
     Pair,
     Vocabulary,
@@ -136,30 +137,17 @@ def collate(pairs: Sequence[Pair], vocab: Vocabulary, device: torch.device) -> B
     """Pad a list of pairs into a :class:`Batch` (the root symbol is prepended here)."""
     sources = [vocab.encode(["$", *p.source]) for p in pairs]
     targets = [vocab.encode(list(p.target)) for p in pairs]
-    n = max(map(len, sources))
-    t = max(map(len, targets)) + 1
-    source = torch.zeros(len(pairs), n, dtype=torch.long)
-    target_in = torch.zeros(len(pairs), t, dtype=torch.long)
-    target_out = torch.zeros(len(pairs), t, dtype=torch.long)
-    for i, (s, y) in enumerate(zip(sources, targets, strict=True)):
-        source[i, : len(s)] = torch.tensor(s)
-        target_in[i, : len(y) + 1] = torch.tensor([vocab.bos_id, *y])
-        target_out[i, : len(y) + 1] = torch.tensor([*y, vocab.eos_id])
-    source = source.to(device)
-    return Batch(source, source != vocab.pad_id, target_in.to(device), target_out.to(device))
+    source = pad_sequences(sources, 0, device=device)  # [B, N]
+    target_in = pad_sequences([[vocab.bos_id, *y] for y in targets], 0, device=device)
+    target_out = pad_sequences([[*y, vocab.eos_id] for y in targets], 0, device=device)
+    return Batch(source, source != vocab.pad_id, target_in, target_out)
 
 
 def batches_for_epoch(
     pairs: Sequence[Pair], batch_size: int, seed: int, epoch: int
 ) -> list[list[Pair]]:
     """Length-bucketed batches in a random order fixed by (seed, epoch)."""
-    rng = random.Random(seed * 100_003 + epoch)
-    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i].source), rng.random()))
-    batches = [
-        [pairs[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)
-    ]
-    rng.shuffle(batches)
-    return batches
+    return bucket_batches(pairs, batch_size, seed, epoch, lambda pair: len(pair.source))
 
 
 # ---- model --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Plots of attention weights, latent structures and results (the figures of the papers).
 
 * :func:`attention_heatmap` -- queries x memory weights (Kim et al. 2017, Figures 3-4);
-  :func:`attention_panels` -- several such heatmaps side by side (Figure 4); in
+  :func:`attention_panels` -- several such heatmaps side by side (Figure 4);
+  :func:`translation_figures` -- Figure 4 and the Viterbi segmentation of one sentence; in
   :mod:`.heatmaps`;
 * :func:`dependency_arcs` -- a MAP dependency parse as arcs, with other likely arcs
   (:mod:`.arcs`);
@@ -10,7 +11,9 @@
 * :func:`bracketed_tree` -- a binary constituency tree from :func:`split_tree` (PRPN;
   :mod:`.trees`);
 * :func:`interaction_map` -- mean-field interactions J and their maximum-|J| spanning tree
-  (Liu et al., section 3.3; :mod:`.mean_field`);
+  (Liu et al., section 3.3; :mod:`.mean_field`); :func:`mean_field_figures` -- one model's
+  attention on one example: weights, after iteration 1, J per query, free energy per
+  iteration (Figures 3-4);
 * :func:`depth_curves`, :func:`grouped_bars` -- our results beside the paper's,
   :func:`line_curves` -- any metric against lengths or iterations, and
   :func:`training_curves` -- loss, learning rate and validation metrics of one or more
@@ -37,8 +40,8 @@ from ..structs.spanning_tree import maximum_spanning_tree
 from ._common import require_matplotlib
 from .arcs import dependency_arcs
 from .chains import fact_chain_graph
-from .heatmaps import attention_heatmap, attention_panels
-from .mean_field import interaction_map
+from .heatmaps import attention_heatmap, attention_panels, translation_figures
+from .mean_field import interaction_map, mean_field_figures
 from .results import depth_curves, grouped_bars, line_curves, training_curves
 from .trees import bracketed_tree
 
@@ -52,7 +55,9 @@ __all__ = [
     "grouped_bars",
     "interaction_map",
     "line_curves",
+    "mean_field_figures",
     "maximum_spanning_tree",
     "require_matplotlib",
     "training_curves",
+    "translation_figures",
 ]

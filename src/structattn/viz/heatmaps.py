@@ -23,7 +23,7 @@ from ._common import (
     _text_inches,
 )
 
-__all__ = ["attention_heatmap", "attention_panels"]
+__all__ = ["attention_heatmap", "attention_panels", "translation_figures"]
 
 
 def attention_heatmap(
@@ -180,3 +180,30 @@ def attention_panels(
         if title:
             fig.suptitle(title)
         return _save(fig, out, fmt)
+
+
+def translation_figures(
+    panels: Sequence[tuple[str, ArrayLike, Sequence[object]]],
+    col_labels: Sequence[object] | None,
+    out: str | Path,
+    segmentation: tuple[ArrayLike, Sequence[object]] | None = None,
+) -> list[Path]:
+    """Figure 4 of Kim et al. (2017) for one source sentence, written to the folder ``out``:
+    ``figure4.png``, each model's source attention side by side (``panels``: (name, weights
+    [T, N], its T target-word labels), :func:`attention_panels`), and with ``segmentation``
+    (z [T, N] in {0, 1}, its T row labels) ``segmentation.png``, the structured model's
+    Viterbi segmentation per target word. Returns the files written."""
+    out = Path(out)
+    written = [
+        attention_panels(
+            panels, col_labels, out / "figure4.png", title="source attention per target word"
+        )
+    ]
+    if segmentation is not None:
+        written.append(
+            attention_heatmap(
+                segmentation[0], segmentation[1], col_labels, out / "segmentation.png",
+                title="structured: Viterbi segmentation z (1 = attended)", vmax=1.0,
+            )
+        )  # fmt: skip
+    return written

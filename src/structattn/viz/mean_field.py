@@ -1,4 +1,6 @@
-"""Mean-field interactions J and their maximum-|J| spanning tree (Liu et al., section 3.3).
+"""Mean-field interactions J and their maximum-|J| spanning tree (Liu et al., section 3.3),
+and :func:`mean_field_figures`: the figures of one trained model's attention on one example
+(Figures 3-4 and section 3.3).
 
 The spanning tree itself is computed in
 :func:`structattn.structs.spanning_tree.maximum_spanning_tree` (re-exported here)."""
@@ -27,8 +29,10 @@ from ._common import (
     _shorten,
     _text_inches,
 )
+from .heatmaps import attention_heatmap
+from .results import line_curves
 
-__all__ = ["interaction_map"]
+__all__ = ["interaction_map", "mean_field_figures"]
 
 
 def _tidy_tree_layout(n: int, edges: list[tuple[int, int]], root: int) -> np.ndarray:
@@ -184,3 +188,69 @@ def interaction_map(
         if title:
             fig.suptitle(title)
         return _save(fig, out, fmt)
+
+
+def mean_field_figures(
+    weights: ArrayLike,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    out: str | Path,
+    tag: str,
+    *,
+    title: str,
+    name: str,
+    short_name: str,
+    iterates: ArrayLike | None = None,
+    couplings: ArrayLike | None = None,
+    free_energy: ArrayLike | None = None,
+) -> list[Path]:
+    """The figures of one model's attention on one example, written to ``out``; returns the
+    files in the order written.
+
+    - ``{tag}_attention.png``: ``weights`` [Q, N] (rows = the Q queries, e.g. output steps;
+      columns = the N inputs), titled ``title``;
+    - with ``iterates`` [k + 1, Q, N] and k >= 1, ``{tag}_attention_iteration1.png``: the
+      weights after the first mean-field update ("``name``: after iteration 1");
+    - with ``couplings`` [Q, N, N], ``{tag}_interactions_step{q}.png`` for every query q
+      (:func:`interaction_map` of J with its maximum spanning tree);
+    - with ``free_energy`` [k + 1, Q], ``{tag}_free_energy.png``: F(q^(t)) against the
+      iteration t, one line per query (Theorem 2: it should never rise).
+
+    Cells are annotated with their values when there are at most 30 columns.
+    """
+    out = Path(out)
+    annotate = len(columns) <= 30
+    written = [
+        attention_heatmap(weights, rows, columns, out / f"{tag}_attention.png", title,
+                          annotate=annotate)
+    ]  # fmt: skip
+    if iterates is not None and len(iterates) > 1:
+        first = _as_array(iterates, "iterates", 3)[1]  # [Q, N] after one update
+        written.append(
+            attention_heatmap(
+                first, rows, columns, out / f"{tag}_attention_iteration1.png",
+                f"{name}: after iteration 1", annotate=annotate,
+            )
+        )  # fmt: skip
+    if couplings is not None:
+        coupling = _as_array(couplings, "couplings", 3)
+        for q, label in enumerate(rows):
+            written.append(
+                interaction_map(
+                    coupling[q], columns, out / f"{tag}_interactions_step{q + 1}.png",
+                    title=f"{short_name}: J at output step {q + 1} ({label})",
+                )
+            )  # fmt: skip
+    if free_energy is not None:
+        energy = _as_array(free_energy, "free_energy", 2)  # [k + 1, Q]
+        curves = {
+            f"step {q + 1}": {t: float(energy[t, q]) for t in range(energy.shape[0])}
+            for q in range(len(rows))
+        }
+        written.append(
+            line_curves(
+                curves, out / f"{tag}_free_energy.png", "iteration", "free energy F(q)",
+                f"{short_name}: mean-field free energy per iteration",
+            )
+        )  # fmt: skip
+    return written

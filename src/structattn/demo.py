@@ -4,6 +4,10 @@
 cores are free, scored on the 1,000-pair test set with beam search) through the shared
 runner, then the per-depth table beside the paper's, a verdict, ``results.json``, plots and
 both checkpoints in the output directory.
+
+Layer: a command beside :mod:`structattn.cli`, above the recipes (it composes the
+``tree-transduction`` recipe, which is why it is not a recipe itself: recipes never import
+each other).
 """
 
 from __future__ import annotations
@@ -15,10 +19,9 @@ from typing import Any
 
 import torch
 
-from ..structs._extension import kernels as compiled_kernels
-from . import runs
-from .config import config_to_dict, replace_path
-from .tree_transduction import (
+from .recipes import runs
+from .recipes.config import config_to_dict, replace_path
+from .recipes.tree_transduction import (
     DEMO_CONFIG,
     PAPER_TABLE,
     QUICK_CONFIG,
@@ -29,6 +32,7 @@ from .tree_transduction import (
     format_table,
     visualize,
 )
+from .structs import kernels as compiled_kernels
 
 __all__ = ["DEMO_CONFIG", "DEMO_VARIANTS", "QUICK_CONFIG", "run_demo"]
 
