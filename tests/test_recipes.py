@@ -508,3 +508,18 @@ def test_load_vocabulary_run_refuses_another_recipes_run(toy: Recipe, tmp_path: 
     with pytest.raises(ValueError, match="is not an lstmn-sst run"):
         load_vocabulary_run(tmp_path / "cell" / "run_00", "cpu", "lstmn-sst", LSTMNSSTConfig,
                             build_model)  # fmt: skip
+
+
+def test_resume_after_a_kill_during_the_first_config_write(toy: Recipe, tmp_path: Path) -> None:
+    """An empty config.json and no checkpoint (a kill or a full disk during a run's first
+    write) made every later ``--resume`` fail with a JSON error (issue 37.3.4): the run now
+    starts afresh with a notice."""
+    config = replace_path(TOY_QUICK, {"runs": 1})
+    out = tmp_path / "cell"
+    run = out / "run_00"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("")
+    assert runs.run_state(run) != "done"
+    runs.train_cell(toy, config, out, resume=True)
+    assert runs.run_state(run) == "done"
+    assert json.loads((run / "config.json").read_text())["recipe"] == "toy"

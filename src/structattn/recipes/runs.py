@@ -35,6 +35,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from ..io import atomic_write_text
+from ..training import read_run_config
 from .base import RESUMABLE, Recipe, RecipeConfig
 from .config import config_from_dict, config_to_dict, replace_path
 from .tables import markdown_table
@@ -165,10 +166,10 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 def _check_same_config(recipe: Recipe[C], config: C, run_dir: Path) -> None:
     """``--resume`` continues a run only with the config it was started with (up to the
     fields in ``RESUMABLE``, ``recipe.resumable`` and the number of runs)."""
-    path = run_dir / "config.json"
-    if not path.exists():
+    raw = read_run_config(run_dir)  # an unreadable config.json: the checkpoint's copy, or none
+    if raw is None:
         return
-    saved = _flat(config_to_dict(config_from_dict(recipe.config, json.loads(path.read_text()))))
+    saved = _flat(config_to_dict(config_from_dict(recipe.config, raw)))
     given = _flat(config_to_dict(config))
     allowed = RESUMABLE | recipe.resumable | ({"runs"} if recipe.multi_run else set())
     changed = sorted(k for k in given if k not in allowed and saved.get(k) != given[k])
