@@ -124,6 +124,29 @@ def test_large_trees_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(math.isfinite(float(row.split("|")[3])) for row in rows)
 
 
+def test_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:
+    """``benchmarks/gpu_check.py --device cpu --quick`` (what a GPU machine runs in full):
+    every distribution within float32 rounding of the float64 reference, every layer
+    finite under autocast, the sync counts and the speed table written."""
+    module = _load_script("gpu_check.py")
+    threads = torch.get_num_threads()
+    out = tmp_path / "check.md"
+    try:
+        assert module.main(["--device", "cpu", "--quick", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = out.read_text()
+    for section in ("## Distributions", "## Layers", "## Host synchronisations", "## Speed"):
+        assert section in text
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ")]
+    dists = [r for r in rows if r[0].strip().endswith(("CRF", "Distribution"))]
+    assert len(dists) >= 6 * 2  # the correctness rows and the sync rows
+    for row in dists:
+        if len(row) == 4 and row[1].strip() != "-":  # a correctness row
+            assert float(row[1]) < 1e-4 and float(row[2]) < 1e-4 and row[3].strip() == "yes"
+    assert "| NO |" not in text
+
+
 def test_chain_labels_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/chain_labels.py --quick`` prints both codes' times and whether the kernel
     serves each size (20 labels, a small buffer: yes; 30 labels: no)."""
