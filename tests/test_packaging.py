@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def _tracked_copy(target: Path) -> Path:
     """The repository's files as a fresh clone has them (git's list, else the tree less
     build outputs), copied to ``target``: builds never touch the working tree."""
+    for name in _tracked_files():
+        if (ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
+def _tracked_files() -> list[Path]:
+    """The files a fresh clone has: git's list, else the tree less build outputs."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
@@ -30,11 +39,7 @@ def _tracked_copy(target: Path) -> Path:
             for p in ROOT.rglob("*")
             if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
         ]
-    for name in files:
-        if (ROOT / name).is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, target / name)
-    return target
+    return files
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +83,12 @@ def test_sdist_holds_the_test_suite_and_build_files(built: tuple[list[str], ...]
         "src/structattn/structs/_kernels.h",
     ):
         assert name in sdist, name
-    tracked_tests = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("*.py")}
-    assert tracked_tests <= sdist
+    tracked = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "tests").glob("*.py")
+        if p.relative_to(ROOT) in _tracked_files()
+    }
+    assert tracked <= sdist
     assert not any("__pycache__" in name for name in sdist)
 
 
