@@ -155,8 +155,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir",
         default=None,
-        help="root to download into, laid out like ../shared/data (default: the user cache, "
-        "~/.cache/structattn/data)",
+        help="root to download into, laid out like ../shared/data (default: $STRUCTATTN_DATA "
+        "when set, else the user cache ~/.cache/structattn/data)",
     )
     p.add_argument(
         "--from",

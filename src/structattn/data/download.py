@@ -8,7 +8,7 @@ downloaded as is) and, for every file kept, its path in the folder, its member i
 archive, its size and sha256 (``null``: unpinned, see below).
 
 What a download does (:func:`download`), into ``<root>/<folder>`` (``root``: ``--data-dir``,
-else the user cache :func:`structattn.io.user_data_cache`):
+else ``$STRUCTATTN_DATA`` when set, else the user cache :func:`structattn.io.user_data_cache`):
 
 1. files already present with the pinned sha256 are kept (all present: nothing to do), unless
    ``force``;
@@ -57,6 +57,7 @@ __all__ = [
     "DownloadError",
     "KeptFile",
     "Source",
+    "default_root",
     "download",
     "file_sha256",
     "format_list",
@@ -466,13 +467,20 @@ def _install(ds: DataSet, staged: list[tuple[KeptFile, Path, str]], folder: Path
             )
 
 
+def default_root() -> Path:
+    """Where a download goes without ``--data-dir``: ``$STRUCTATTN_DATA`` when set (the first
+    root the data-directory rule searches), else the user cache."""
+    variable = os.environ.get(DATA_ENV, "")
+    return Path(variable).expanduser() if variable else user_data_cache()
+
+
 def download(
     name: str,
     data_dir: str | os.PathLike[str] | None = None,
     source: str | None = None,
     force: bool = False,
 ) -> Path:
-    """Download data set ``name`` into ``<data_dir or the user cache>/<its folder>`` from its
+    """Download data set ``name`` into ``<data_dir or default_root()>/<its folder>`` from its
     upstream (or the mirror ``source``); returns the folder. Raises :class:`DownloadError`."""
     sets = manifest()
     if name not in sets:
@@ -480,7 +488,7 @@ def download(
             f"no data set {name!r}; `structattn download --list` shows them: {', '.join(sets)}"
         )
     ds = sets[name]
-    root = Path(data_dir) if data_dir else user_data_cache()
+    root = Path(data_dir) if data_dir else default_root()
     folder = root / ds.folder
     for kept in ds.files:
         _inside(folder, kept.path)
