@@ -319,6 +319,8 @@ def test_cli_download_then_the_data_rule_finds_it(
     assert "toy [present]: a toy data set" in capsys.readouterr().out
     assert main(["download", "nothing"]) == 1
     assert "no data set 'nothing'" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="`structattn download absent`"):
+        data_dir("absent", what="absent")  # the rule's error says how to fetch a data set
 
 
 # ---- the shipped manifest and real data sets ------------------------------------------------
