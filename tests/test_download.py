@@ -4,6 +4,7 @@ against ../shared/data's SOURCE.md files. No test touches the network."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -176,6 +177,30 @@ def test_a_corrupted_archive_member_installs_nothing(toy: Any, tmp_path: Path) -
         archive.writestr("z/big.txt", ZIP_FILES["z/big.txt"])
     assert main(["download", "toy", "--data-dir", str(tmp_path / "root"), "--from", str(mirror)])
     assert not any(p.is_file() for p in (tmp_path / "root" / "toy").rglob("*"))
+
+
+def test_a_bad_downloaded_archive_is_fetched_again(
+    toy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror = _archives(tmp_path / "mirror")
+    files = {p.name: p.read_bytes() for p in mirror.iterdir()}
+    good = files["toy.zip"]
+    files["toy.zip"] = files["toy.zip"].replace(b"gamma", b"GAMMA")  # a stored member changed
+    seen = _server(monkeypatch, files, ranges=True)
+    root = tmp_path / "root"
+    errors = []
+    for _ in range(3):  # the first answer of each file is cut once
+        with pytest.raises(dl.DownloadError) as error:
+            dl.download("toy", root)
+        errors.append(str(error.value))
+    assert "toy.zip is not a valid zip archive" in errors[-1]  # one line, no traceback
+    assert not (root / ".downloads" / "toy.zip").exists()  # not reused
+    files["toy.zip"] = good
+    for _ in range(3):  # d.txt's first answer is cut too
+        with contextlib.suppress(dl.DownloadError):
+            dl.download("toy", root)
+    assert _installed(root / "toy") == _expected()
+    assert len(seen) >= 5
 
 
 class _Response(io.BytesIO):

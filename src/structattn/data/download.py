@@ -33,6 +33,7 @@ progress bar when it is installed. Nothing touches the network at import.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,6 +55,7 @@ from ..io import DATA_ENV, atomic_write_text, user_data_cache
 
 __all__ = [
     "MANIFEST_PATH",
+    "ChecksumError",
     "DataSet",
     "DownloadError",
     "KeptFile",
@@ -67,12 +70,18 @@ __all__ = [
 
 MANIFEST_PATH = Path(__file__).with_name("manifest.json")
 FORMATS = ("tar.gz", "zip", "plain")
+#: what a truncated or corrupted archive raises while it is read
+BAD_ARCHIVE = (zipfile.BadZipFile, tarfile.TarError, gzip.BadGzipFile, zlib.error, EOFError)
 CHUNK = 1 << 20  # bytes read and hashed at a time
 TIMEOUT = 60.0  # seconds without data before a connection is given up
 
 
 class DownloadError(RuntimeError):
     """A data set could not be downloaded or verified; the message says why and what to do."""
+
+
+class ChecksumError(DownloadError):
+    """A file or archive does not have its pinned sha256 (or size): nothing was installed."""
 
 
 @dataclass(frozen=True)
@@ -329,7 +338,7 @@ def _check_archive(ds: DataSet, source: Source, path: Path) -> None:
     if actual != source.sha256:
         if path.parent.name == ".downloads":
             path.unlink()  # never reused
-        raise DownloadError(
+        raise ChecksumError(
             f"data set {ds.name!r}: checksum mismatch for {path}: expected sha256 "
             f"{source.sha256}, got {actual}; nothing installed"
         )
@@ -452,7 +461,7 @@ def _install(ds: DataSet, staged: list[tuple[KeptFile, Path, str]], folder: Path
     if bad:
         for _, temp, _ in staged:
             temp.unlink(missing_ok=True)
-        raise DownloadError(
+        raise ChecksumError(
             f"data set {ds.name!r}: checksum mismatch, nothing installed:\n  " + "\n  ".join(bad)
         )
     for kept, temp, actual in staged:
@@ -477,7 +486,7 @@ def default_root() -> Path:
 def download(
     name: str,
     data_dir: str | os.PathLike[str] | None = None,
-    source: str | None = None,
+    source: str | os.PathLike[str] | None = None,
     force: bool = False,
 ) -> Path:
     """Download data set ``name`` into ``<data_dir or default_root()>/<its folder>`` from its
@@ -488,6 +497,7 @@ def download(
             f"no data set {name!r}; `structattn download --list` shows them: {', '.join(sets)}"
         )
     ds = sets[name]
+    origin = None if source is None else os.fspath(source)
     root = Path(data_dir) if data_dir else default_root()
     folder = root / ds.folder
     for kept in ds.files:
@@ -500,7 +510,7 @@ def download(
         return folder
     wanted = {kept.path for kept in todo}
     staged: list[tuple[KeptFile, Path, str]] = []
-    mirror = _mirror_folder(ds, source)
+    mirror = _mirror_folder(ds, origin)
     try:
         if mirror is not None:
             for kept in todo:
@@ -511,16 +521,25 @@ def download(
                 needed = [kept for kept in src.files if kept.path in wanted]
                 if not needed:
                     continue
-                path = _archive(ds, src, source, root)
-                with _members(src, path) as open_member:
-                    for kept in needed:
-                        with open_member(kept) as handle:
-                            final = folder / kept.path
-                            staged.append((kept, *_stage(handle, final, kept.head_lines)))
+                path = _archive(ds, src, origin, root)
+                try:
+                    with _members(src, path) as open_member:
+                        for kept in needed:
+                            with open_member(kept) as handle:
+                                final = folder / kept.path
+                                staged.append((kept, *_stage(handle, final, kept.head_lines)))
+                except BAD_ARCHIVE as error:
+                    raise ChecksumError(
+                        f"data set {ds.name!r}: {path} is not a valid {src.format} archive "
+                        f"({error}); nothing installed"
+                    ) from None
         _install(ds, staged, folder)
-    except BaseException:
+    except BaseException as error:
         for _, temp, _ in staged:
             temp.unlink(missing_ok=True)
+        if isinstance(error, ChecksumError):  # a bad archive is fetched afresh next time
+            for src in ds.sources:
+                (root / ".downloads" / src.filename).unlink(missing_ok=True)
         raise
     if mirror is None:
         for src in ds.sources:
