@@ -313,12 +313,16 @@ def _archive(ds: DataSet, source: Source, origin: str | None, root: Path) -> Pat
         _fetch(url, part)
     except (OSError, urllib.error.URLError) as error:
         reason = getattr(error, "reason", None) or error
+        kept = part.is_file() and part.stat().st_size > 0
+        if not kept:
+            part.unlink(missing_ok=True)
+        resume = f" A partial download is kept in {part} and resumed by the next run." * kept
         raise DownloadError(
             f"could not download data set {ds.name!r} from {url}: {reason}.\n"
             f"To fix: when offline or behind a proxy, `structattn download {ds.name} --from "
             f"MIRROR` (a folder laid out like ../shared/data, or one holding {source.filename}); "
-            f"or copy the data set's folder to <root>/{ds.folder} and set {DATA_ENV}=<root>. "
-            f"A partial download is kept in {part} and resumed by the next run."
+            f"or copy the data set's folder to <root>/{ds.folder} and set {DATA_ENV}=<root>."
+            f"{resume}"
         ) from None
     os.replace(part, done)
     _check_archive(ds, source, done)
