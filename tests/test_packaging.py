@@ -79,6 +79,7 @@ def test_sdist_holds_the_test_suite_and_build_files(built: tuple[list[str], ...]
         "README.md",
         "pyproject.toml",
         "src/structattn/py.typed",
+        "src/structattn/data/manifest.json",
         "src/structattn/structs/_eisner.cpp",
         "src/structattn/structs/_kernels.h",
     ):
@@ -98,6 +99,7 @@ def test_wheel_holds_the_kernels_sources_typing_marker_and_licence(
     _, wheel, meta = built
     names = set(wheel)
     assert "structattn/py.typed" in names
+    assert "structattn/data/manifest.json" in names  # structattn download's data sets
     for source in ("_kernels.cpp", "_eisner.cpp", "_matrix_tree.cpp", "_chain.cpp", "_kernels.h"):
         assert f"structattn/structs/{source}" in names, source
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)

@@ -142,7 +142,31 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tour", help="print a worked example of the inference core")
     p.add_argument("--seed", type=int, default=0, help="random seed")
 
-    sub.add_parser("list", help="the recipes, their variants and presets")
+    sub.add_parser("list", help="the recipes, their variants, presets and data sets")
+
+    p = sub.add_parser(
+        "download",
+        help="fetch a data set by name (checksums verified; licence printed)",
+        description="Download a data set into --data-dir or the user cache (the data-directory "
+        "rule finds it there), from its upstream or a mirror; `--list` shows them.",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="the data set (see --list)")
+    p.add_argument("--list", action="store_true", help="the data sets and whether each is present")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="root to download into, laid out like ../shared/data (default: $STRUCTATTN_DATA "
+        "when set, else the user cache ~/.cache/structattn/data)",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        metavar="SOURCE",
+        help="a mirror instead of the upstream: a folder laid out like ../shared/data, or a "
+        "folder or URL holding the upstream archives by file name",
+    )
+    p.add_argument("--force", action="store_true", help="download again files already present")
 
     commands = {
         "data": "write a generated data set",
@@ -337,6 +361,61 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.out, quick=args.quick, seed=args.seed, resume=args.resume, force=args.force)
 
 
+def _data_present(folder: str, files: Sequence[str], explicit: str | None = None) -> bool:
+    """Every file of a data set is in its folder, found by the data-directory rule (or in
+    ``<explicit>/<folder>``)."""
+    from pathlib import Path
+
+    from .io import data_dir
+
+    try:
+        found = Path(explicit, folder) if explicit else data_dir(folder, what=folder)
+    except FileNotFoundError:
+        return False
+    return all((found / name).is_file() for name in files)
+
+
+def _recipe_data(name: str) -> str:
+    """``structattn list``'s data line of a recipe: the data sets it needs (then those it can
+    use with a flag), each present or missing."""
+    from .data.download import manifest
+
+    needed: list[str] = []
+    optional: list[str] = []
+    for ds in manifest().values():
+        if name not in ds.recipes and name not in ds.optional_for:
+            continue
+        if _data_present(ds.folder, [kept.path for kept in ds.files]):
+            state = "present"
+        else:
+            state = f"missing: structattn download {ds.name}" if name in ds.recipes else "missing"
+        (needed if name in ds.recipes else optional).append(f"{ds.name} ({state})")
+    text = ", ".join(needed) if needed else "none (generated)"
+    return text + (f"; optional: {', '.join(optional)}" if optional else "")
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    from .data import download
+
+    if args.list:
+        explicit = args.data_dir
+
+        def present(ds: download.DataSet) -> bool:
+            return _data_present(ds.folder, [kept.path for kept in ds.files], explicit)
+
+        print(download.format_list(present))
+        return 0
+    if not args.name:
+        print("structattn: error: download needs a data set NAME (or --list)", file=sys.stderr)
+        return 2
+    try:
+        download.download(args.name, args.data_dir, args.source, args.force)
+    except download.DownloadError as error:
+        print(f"structattn: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_list() -> None:
     from . import recipes
 
@@ -351,6 +430,7 @@ def _cmd_list() -> None:
         print("  presets (--preset):")
         for preset, info in recipe.presets.items():
             print(f"    {preset:<8} {info.description}")
+        print(f"  data sets: {_recipe_data(name)}")
 
 
 def _installed(module: str) -> bool:
@@ -423,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tour(seed=args.seed)
         elif args.command == "list":
             _cmd_list()
+        elif args.command == "download":
+            return _cmd_download(args)
         elif args.command == "demo":
             _cmd_demo(args)
         else:

@@ -128,7 +128,8 @@ def data_dir(
     ``parts`` is the data set's folder inside a root (``"babi", "en"``); ``what`` names the
     data set in errors; ``hint`` is appended to the ``--data-dir`` advice (e.g. which files
     the folder holds). Raises ``FileNotFoundError`` naming the data set, every place tried
-    in order and how to fix it (``--data-dir``, ``STRUCTATTN_DATA``, the user cache).
+    in order and how to fix it (``--data-dir``, ``STRUCTATTN_DATA``, the user cache,
+    ``structattn download``).
     """
     if explicit is not None and str(explicit):
         folder = Path(explicit)
@@ -148,7 +149,9 @@ def data_dir(
     raise FileNotFoundError(
         f"{what} not found. Tried, in order:\n{tried}\n"
         f"To fix: pass --data-dir{hint}; or set {DATA_ENV}=<root>{unset}, a folder laid out "
-        f"like ../shared/data with the data set in <root>/{inside}{in_cache}."
+        f"like ../shared/data with the data set in <root>/{inside}{in_cache}. "
+        f"Or fetch it: `structattn download {parts[0] if parts else '<name>'}` "
+        f"(`structattn download --list` shows the data sets)."
     )
 
 
