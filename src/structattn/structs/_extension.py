@@ -82,7 +82,9 @@ def build_name(
     """The name of the kernels' build, ``structattn_kernels_<hash>``: also its directory
     under ``TORCH_EXTENSIONS_DIR``. The hash (16 hex digits of SHA-256) covers the
     interpreter (its resolved path, the environment's prefix and the version: not the name
-    it was launched by), torch (path, version, C++ ABI), the platform, the compiler's
+    it was launched by), torch (path, version, C++ ABI), the folder of the sources (two
+    checkouts sharing a build would rebuild it in turn: torch's build file names the
+    sources by path), the platform, the compiler's
     environment (``CXX``, ``CXXFLAGS``, ...), the flags and the text of ``files`` (by default
     the kernels' sources and headers): a build differs exactly when the name does. Reads the
     sources (cheap), once per process in practice."""
@@ -99,6 +101,7 @@ def build_name(
         platform.machine(),
         torch.__version__,
         str(Path(torch.__file__).parent),
+        str(_HERE),  # the checkout: torch's build file names the sources by path
         str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")),
         *(f"{key}={os.environ.get(key, '')}" for key in _COMPILER_ENV),
         "cflags=" + " ".join(cflags),
