@@ -35,7 +35,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from ..io import atomic_write_text
-from ..training import read_run_config
+from ..training import ArtefactError, read_json_object, read_jsonl_objects, read_run_config
 from .base import RESUMABLE, Recipe, RecipeConfig
 from .config import config_from_dict, config_to_dict, replace_path
 from .tables import markdown_table
@@ -63,6 +63,7 @@ C = TypeVar("C", bound=RecipeConfig)  # a recipe's config dataclass
 RunState = Literal["new", "partial", "done"]
 _RUN_FILES = ("done.json", "checkpoint.pt", "model.pt", "config.json", "metrics.jsonl")
 _CELL_FILES = ("summary.json", "test_predictions.jsonl")
+_RECORD_KEYS = ("run", "seconds")  # of a done.json, read here
 
 
 # ---- files ------------------------------------------------------------------------------------
@@ -188,11 +189,7 @@ def final_train_loss(run_dir: str | os.PathLike[str]) -> float | None:
     if not path.exists():
         return None
     last = None
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed run
-            continue
+    for entry in read_jsonl_objects(path):  # a line cut short by a killed run is skipped
         if entry.get("kind") == "epoch" and "train_loss" in entry:
             last = float(entry["train_loss"])
     return last
@@ -292,14 +289,19 @@ def read_records(recipe: Recipe[C], out_dir: str | os.PathLike[str]) -> list[dic
     written before ``final_train_loss`` was kept get it from the run's ``metrics.jsonl``)."""
     out = Path(out_dir)
     paths = sorted(out.glob("run_*/done.json")) if recipe.multi_run else [out / "done.json"]
-    records = []
+    scored = []
     for path in paths:
         if path.exists():
-            record = json.loads(path.read_text())
+            record = read_json_object(path, keys=_RECORD_KEYS)
             if "final_train_loss" not in record:
                 record["final_train_loss"] = final_train_loss(path.parent)
-            records.append(record)
-    return sorted(records, key=recipe.report.select, reverse=True)
+            try:
+                score = recipe.report.select(record)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                raise ArtefactError(path, f"not a finished run's record ({error!r})") from None
+            scored.append((score, record))
+    scored.sort(key=lambda item: item[0], reverse=True)  # stable: ties keep their order
+    return [record for _, record in scored]
 
 
 def summarize_cell(
@@ -369,7 +371,7 @@ def resolve_run(recipe: Recipe[C], checkpoint: str | os.PathLike[str]) -> Path:
     if (path / "model.pt").exists():
         return path
     if recipe.multi_run and (path / "summary.json").exists():
-        return path / json.loads((path / "summary.json").read_text())["best_run"]
+        return path / str(read_json_object(path / "summary.json", keys=("best_run",))["best_run"])
     raise FileNotFoundError(f"no trained model (model.pt) in {path}")
 
 

@@ -8,6 +8,7 @@ that would need pickle to run code.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import tempfile
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .artefacts import ArtefactError
 
 __all__ = [
     "CheckpointError",
@@ -25,8 +28,13 @@ __all__ = [
 ]
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable or not one of ours."""
+class CheckpointError(ArtefactError, RuntimeError):
+    """A checkpoint is missing, unreadable or not one of ours (an :class:`ArtefactError`;
+    also a ``RuntimeError``, as it was before that type)."""
+
+
+#: the keys that every file of this name holds (``model.pt``: what eval and viz load)
+_REQUIRED_KEYS = {"model.pt": ("model", "config")}
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
@@ -58,10 +66,34 @@ def load_checkpoint(
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure means a corrupt/foreign file
-        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+        raise CheckpointError(f"cannot read checkpoint {path}: {_reason(error)}") from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not a structattn checkpoint")
+    missing = [key for key in _REQUIRED_KEYS.get(path.name, ()) if key not in state]
+    if missing:
+        raise CheckpointError(path, f"has no {', '.join(map(repr, missing))}: not a trained model")
+    if "config" in state and not isinstance(state["config"], dict):
+        raise CheckpointError(path, f"its config is a {type(state['config']).__name__}, not a dict")
     return state
+
+
+def _reason(error: Exception) -> str:
+    """One line for why ``torch.load`` failed: the weights-only refusal of a pickled Python
+    object is said plainly (torch's own text suggests loading unsafely, which we never do)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, pickle.UnpicklingError):
+        boilerplate = (
+            "Weights only load failed",
+            "Please file an issue",
+            "Check the documentation",
+        )
+        lines = [line for line in lines if not line.startswith(boilerplate)]
+        if any("GLOBAL" in line or "global" in line for line in lines):
+            return (
+                "it holds pickled Python objects, which are never loaded (a structattn "
+                "checkpoint holds only tensors, numbers, strings, lists and dicts)"
+            )
+    return lines[0] if lines else type(error).__name__
 
 
 def get_rng_state() -> dict[str, Any]:

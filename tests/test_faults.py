@@ -1,0 +1,156 @@
+"""Faults a demanding user meets (issue 37, section 3): malformed or corrupt run files, a
+full disk, two writers into one --out, a killed parent of worker processes. Each test
+failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from test_recipes import TOY
+
+from structattn import recipes
+from structattn.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _toy() -> Iterator[None]:
+    recipes.register(TOY)
+    yield
+    recipes.unregister("toy")
+
+
+@pytest.fixture(autouse=True)
+def _python_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "0")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished toy cell (run_00, run_01), trained once; tests work on copies."""
+    recipes.register(TOY)
+    try:
+        out = tmp_path_factory.mktemp("trained") / "cell"
+        assert _cli("train", "toy", "--preset", "quick", "--out", str(out)) == 0
+    finally:
+        recipes.unregister("toy")
+    return out
+
+
+def _cli(*args: str) -> int:
+    return main(["--threads", "1", *args])
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "cell"
+    shutil.copytree(trained, out)
+    return out
+
+
+def _one_error(capsys: pytest.CaptureFixture[str], path: Path) -> str:
+    """The command's stderr: one line, ``structattn: error: <path>...``."""
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err], err
+    assert err.startswith("structattn: error: ") and str(path) in err, err
+    return err
+
+
+def _resume(out: Path) -> int:
+    return _cli("train", "toy", "--preset", "quick", "--out", str(out), "--resume")
+
+
+# ---- 7. malformed artefacts: one line naming the file ---------------------------------------
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("{}", "has no 'run', 'seconds'"), ('{\n  "run": "run_00",\n  "se', "not valid JSON")],
+)
+def test_malformed_done_json(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+) -> None:
+    """``{}`` gave ``KeyError: 'run'``; a truncated file a JSON error naming no file."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    done = out / "run_00" / "done.json"
+    done.write_text(text)
+    assert _resume(out) == 2
+    assert problem in _one_error(capsys, done)
+
+
+def test_metrics_line_not_an_object(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``[1, 2]`` line in metrics.jsonl gave an AttributeError (a summary reads the last
+    training loss there for records written before done.json kept it)."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    done = out / "run_01" / "done.json"
+    record = json.loads(done.read_text())
+    del record["final_train_loss"]
+    done.write_text(json.dumps(record))
+    metrics = out / "run_01" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + "[1, 2]\n")
+    assert _resume(out) == 2
+    assert "expected a JSON object, found a list" in _one_error(capsys, metrics)
+
+
+def test_metrics_a_directory(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """metrics.jsonl a directory gave an IsADirectoryError traceback on resume."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    (out / "run_01" / "done.json").unlink()  # a partial run: resumed from its checkpoint
+    metrics = out / "run_01" / "metrics.jsonl"
+    metrics.unlink()
+    metrics.mkdir()
+    assert _resume(out) == 2
+    assert "is a directory" in _one_error(capsys, metrics)
+
+
+def test_config_json_a_list_resumes(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A list in config.json: --resume takes the checkpoint's copy and repairs the file."""
+    out = _copy(trained, tmp_path)
+    (out / "run_01" / "done.json").unlink()
+    config = out / "run_01" / "config.json"
+    config.write_text("[1, 2]\n")
+    assert _resume(out) == 0
+    assert isinstance(json.loads(config.read_text()), dict)
+
+
+def test_model_without_config(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model.pt without ``config`` gave ``KeyError: 'config'`` from eval."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    model = out / "run_00" / "model.pt"
+    state = torch.load(model, weights_only=True)
+    del state["config"]
+    torch.save(state, model)
+    assert _cli("eval", "toy", "--checkpoint", str(out / "run_00")) == 2
+    assert "has no 'config'" in _one_error(capsys, model)
+
+
+class _Payload:
+    def __reduce__(self):  # type: ignore[no-untyped-def]  # pragma: no cover - must never run
+        return (print, ("pickle payload ran",))
+
+
+def test_pickle_payload_refused_in_one_line(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The weights-only refusal was 6 lines of torch text suggesting weights_only=False."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    model = out / "run_00" / "model.pt"
+    torch.save({"format": "structattn-checkpoint-v1", "payload": _Payload()}, model)
+    assert _cli("eval", "toy", "--checkpoint", str(out / "run_00")) == 2
+    err = _one_error(capsys, model)
+    assert "pickled Python objects" in err and "weights_only" not in err
+    assert "payload ran" not in capsys.readouterr().out
