@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +156,45 @@ def test_pickle_payload_refused_in_one_line(
     err = _one_error(capsys, model)
     assert "pickled Python objects" in err and "weights_only" not in err
     assert "payload ran" not in capsys.readouterr().out
+
+
+# ---- 5. a bit flip in model.pt or checkpoint.pt ---------------------------------------------
+def _flip_tensor_byte(path: Path) -> None:
+    """Flip one bit inside the largest tensor stored in ``path`` (torch's zip archive)."""
+    with zipfile.ZipFile(path) as archive:
+        info = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    raw = bytearray(path.read_bytes())
+    header = info.header_offset  # local header: 30 bytes, the name, the extra field
+    name_length, extra_length = struct.unpack("<HH", raw[header + 26 : header + 30])
+    start = header + 30 + name_length + extra_length
+    raw[start + info.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def test_bit_flip_in_model_is_detected(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flipped bit in model.pt's weights: eval exited 0 with a slightly different score."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    assert _cli("eval", "toy", "--checkpoint", str(out / "run_00")) == 0  # intact: loads
+    capsys.readouterr()
+    model = out / "run_00" / "model.pt"
+    _flip_tensor_byte(model)
+    assert _cli("eval", "toy", "--checkpoint", str(out / "run_00")) == 2
+    assert "checksum" in _one_error(capsys, model)
+
+
+def test_bit_flip_in_checkpoint_is_detected(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flipped checkpoint.pt resumed and trained on."""
+    out = _copy(trained, tmp_path)
+    capsys.readouterr()
+    (out / "run_01" / "done.json").unlink()
+    checkpoint = out / "run_01" / "checkpoint.pt"
+    _flip_tensor_byte(checkpoint)
+    assert _resume(out) == 2
+    assert "checksum" in _one_error(capsys, checkpoint)

@@ -1,4 +1,5 @@
-"""Checkpoints: written atomically (temp file + rename), loaded without executing code.
+"""Checkpoints: written atomically (temp file + rename), verified (the archive's CRC-32s)
+and loaded without executing code.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``, which refuses anything
@@ -11,6 +12,7 @@ import os
 import pickle
 import random
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,7 @@ def load_checkpoint(
         raise CheckpointError(f"{path} is a directory; expected a checkpoint file")
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
+    _verify_archive(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure means a corrupt/foreign file
@@ -75,6 +78,24 @@ def load_checkpoint(
     if "config" in state and not isinstance(state["config"], dict):
         raise CheckpointError(path, f"its config is a {type(state['config']).__name__}, not a dict")
     return state
+
+
+def _verify_archive(path: Path) -> None:
+    """Check the CRC-32 of every record of ``path`` (``torch.save`` writes a zip archive
+    with one checksum per tensor): a flipped bit is a :class:`CheckpointError`, not weights
+    that load. Reading the file once costs little next to loading it."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return  # not an archive: torch.load says why it cannot read it
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        raise CheckpointError(path, f"corrupt archive ({error}); restore or retrain it") from None
+    if bad is not None:
+        raise CheckpointError(
+            path, f"corrupt: the checksum of its record {bad} does not match (a changed byte); "
+            "restore or retrain it"
+        )  # fmt: skip
 
 
 def _reason(error: Exception) -> str:
