@@ -4,12 +4,14 @@ failed before its fix."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import struct
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ from test_recipes import TOY
 
 from structattn import recipes
 from structattn.cli import main
+from structattn.training import CheckpointError, load_checkpoint, save_checkpoint
+from structattn.training import checkpoint as checkpoint_module
 
 
 @pytest.fixture(autouse=True)
@@ -198,3 +202,54 @@ def test_bit_flip_in_checkpoint_is_detected(
     _flip_tensor_byte(checkpoint)
     assert _resume(out) == 2
     assert "checksum" in _one_error(capsys, checkpoint)
+
+
+# ---- 6. a full disk while saving ------------------------------------------------------------
+_FULL_DISK = [
+    OSError(errno.ENOSPC, "No space left on device"),
+    RuntimeError(
+        "[enforce fail at inline_container.cc:672] . unexpected pos 8064 vs 7958\n"
+        "frame #0: c10::ThrowEnforceNotMet(...)\n" + "frame #n: ...\n" * 40
+    ),
+]
+
+
+def _fill_disk(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """torch.save writes a little, then fails as it does when the disk is full."""
+
+    def save(state: object, handle: Any) -> None:
+        handle.write(b"PK\x03\x04partial")
+        raise error
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+
+
+@pytest.mark.parametrize("error", _FULL_DISK, ids=["ENOSPC", "enforce-fail"])
+def test_disk_full_on_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    """A 45-line traceback before; now one error naming the path, the old file intact."""
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"format": "structattn-checkpoint-v1", "value": 1})
+    _fill_disk(monkeypatch, error)
+    with pytest.raises(CheckpointError) as raised:
+        save_checkpoint(path, {"format": "structattn-checkpoint-v1", "value": 2})
+    assert str(raised.value) == f"{path}: cannot write it: no space left on device " + (
+        "(the previous file is intact)"
+    )
+    monkeypatch.undo()
+    assert load_checkpoint(path)["value"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left
+
+
+@pytest.mark.parametrize("error", _FULL_DISK, ids=["ENOSPC", "enforce-fail"])
+def test_disk_full_in_train_is_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: BaseException,
+) -> None:
+    _fill_disk(monkeypatch, error)
+    assert _cli("train", "toy", "--preset", "quick", "--out", str(tmp_path / "cell")) == 2
+    err = _one_error(capsys, tmp_path / "cell" / "run_00")
+    assert "no space left on device" in err

@@ -8,6 +8,7 @@ that would need pickle to run code.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
@@ -50,10 +51,24 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> Path
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if _disk_full(error):
+            raise CheckpointError(
+                path, "cannot write it: no space left on device (the previous file is intact)"
+            ) from None
         raise
     return path
+
+
+def _disk_full(error: BaseException) -> bool:
+    """Whether a failed save ran out of space: ``ENOSPC``, or torch's zip writer's
+    ``[enforce fail at inline_container.cc] ... unexpected pos`` or ``... write failed``."""
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    text = str(error)
+    short = "unexpected pos" in text or "write failed" in text
+    return isinstance(error, RuntimeError) and "inline_container" in text and short
 
 
 def load_checkpoint(
