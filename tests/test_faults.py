@@ -8,8 +8,11 @@ import errno
 import json
 import shutil
 import struct
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from test_recipes import TOY
 
 from structattn import recipes
 from structattn.cli import main
+from structattn.recipes import runs
 from structattn.training import CheckpointError, load_checkpoint, save_checkpoint
 from structattn.training import checkpoint as checkpoint_module
 
@@ -253,3 +257,60 @@ def test_disk_full_in_train_is_one_line(
     assert _cli("train", "toy", "--preset", "quick", "--out", str(tmp_path / "cell")) == 2
     err = _one_error(capsys, tmp_path / "cell" / "run_00")
     assert "no space left on device" in err
+
+
+# ---- 2. two writers into one --out ----------------------------------------------------------
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two `train`s into one --out both exited 0 with the runs mixed; now the second is
+    refused in one line while the first holds the directory's lock, and a writer killed
+    with -9 leaves nothing that blocks the next one (the OS releases the lock)."""
+    out = tmp_path / "cell"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(out / ".structattn.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert _cli("train", "toy", "--preset", "quick", "--out", str(out)) == 2
+        err = _one_error(capsys, out)
+        assert f"is being written by another structattn process (pid {holder.pid})" in err
+        assert "use another --out" in err
+        assert _cli("reproduce", "toy", "--preset", "quick", "--out", str(out)) == 2
+        assert f"(pid {holder.pid})" in _one_error(capsys, out)
+        assert runs.run_state(out / "run_00") == "new"  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _cli("train", "toy", "--preset", "quick", "--out", str(out)) == 0
+    assert not (out / ".structattn.lock").exists()  # released and removed
+
+
+def test_lock_is_held_during_the_run(tmp_path: Path) -> None:
+    """While `train_cell` runs, a second writer is refused (checked from inside a run)."""
+    out = tmp_path / "cell"
+    seen: list[str] = []
+    train = TOY.train
+
+    def train_and_try(config: Any, run_dir: Path, resume: bool) -> dict[str, Any]:
+        with pytest.raises(runs.RunDirectoryBusyError, match="another structattn process"):
+            with runs.writer_lock(out):
+                pass  # pragma: no cover
+        seen.append(run_dir.name)
+        return train(config, run_dir, resume)
+
+    recipe = replace(TOY, train=train_and_try)
+    config = TOY.presets["quick"].config
+    assert runs.train_cell(recipe, config, out) is not None
+    assert seen == ["run_00", "run_01"]

@@ -13,7 +13,9 @@ multi-run recipes ``run_00/ ... run_NN/`` (seeds ``seed``, ``seed + 1``, ...) wi
 ``summary.json`` and the best run's ``test_predictions.jsonl``. ``reproduce`` trains a grid of
 cells and writes ``results.json`` and ``table.md`` (ours beside the paper's).
 
-Every result file is written atomically (a temporary file renamed over the target).
+Every result file is written atomically (a temporary file renamed over the target). One
+process at a time writes an output directory: ``train`` and ``reproduce`` hold an OS lock on
+``<out>/.structattn.lock`` (:func:`writer_lock`) while they run, and refuse a second writer.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -41,6 +44,8 @@ from .config import config_from_dict, config_to_dict, replace_path
 from .tables import markdown_table
 
 __all__ = [
+    "LOCK_FILE",
+    "RunDirectoryBusyError",
     "RunJob",
     "available_cores",
     "execute",
@@ -57,6 +62,7 @@ __all__ = [
     "train_cell",
     "write_json",
     "write_jsonl",
+    "writer_lock",
 ]
 
 C = TypeVar("C", bound=RecipeConfig)  # a recipe's config dataclass
@@ -64,6 +70,7 @@ RunState = Literal["new", "partial", "done"]
 _RUN_FILES = ("done.json", "checkpoint.pt", "model.pt", "config.json", "metrics.jsonl")
 _CELL_FILES = ("summary.json", "test_predictions.jsonl")
 _RECORD_KEYS = ("run", "seconds")  # of a done.json, read here
+LOCK_FILE = ".structattn.lock"  # in an output directory while train/reproduce write it
 
 
 # ---- files ------------------------------------------------------------------------------------
@@ -99,8 +106,66 @@ def run_state(run_dir: str | os.PathLike[str]) -> RunState:
 
 
 def _delete_run(run_dir: Path) -> None:
+    """Delete a run's files (the writer's lock file, if it is here, stays: it is held)."""
     if run_dir.is_dir() and run_state(run_dir) != "new":
-        shutil.rmtree(run_dir)
+        for path in run_dir.iterdir():
+            if path.name == LOCK_FILE:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+class RunDirectoryBusyError(FileExistsError):
+    """Another process is writing the output directory (it holds its lock)."""
+
+
+@contextmanager
+def writer_lock(out_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of ``out_dir`` (``fcntl.flock`` on :data:`LOCK_FILE`,
+    released by the OS when the holder dies, even by ``kill -9``); a second writer gets a
+    :class:`RunDirectoryBusyError` at once. Under ``torchrun`` rank 0 holds it for all ranks;
+    where ``fcntl`` is missing (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    if rank() != 0:
+        yield
+        return
+    out = Path(out_dir)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirectoryBusyError(
+                f"{out} is being written by another structattn process (pid {holder}); "
+                "wait for it or use another --out"
+            ) from None
+        try:  # the file we locked may have been removed by its last holder: lock the new one
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a later writer locks a new file
+        os.close(fd)
+        if created and not any(out.iterdir()):  # a refused command leaves no empty --out
+            out.rmdir()
 
 
 @dataclass(frozen=True)
@@ -354,12 +419,13 @@ def train_cell(
 ) -> dict[str, Any] | None:
     """``structattn train``: the cell's runs (``jobs`` in parallel), then its summary
     (``None`` on ranks > 0 under torchrun)."""
-    pending = plan_runs(recipe, config, out_dir, resume, force)
-    progress = config.train.progress and jobs > 1
-    execute(recipe, pending, jobs, progress=progress)
-    if rank() != 0:
-        return None
-    return summarize_cell(recipe, config, out_dir)
+    with writer_lock(out_dir):
+        pending = plan_runs(recipe, config, out_dir, resume, force)
+        progress = config.train.progress and jobs > 1
+        execute(recipe, pending, jobs, progress=progress)
+        if rank() != 0:
+            return None
+        return summarize_cell(recipe, config, out_dir)
 
 
 def resolve_run(recipe: Recipe[C], checkpoint: str | os.PathLike[str]) -> Path:
@@ -412,8 +478,22 @@ def reproduce(
 ) -> dict[str, Any]:
     """Train every cell of ``grid`` (config field -> values; runs interleaved so that the
     cells fill up evenly), keep ``results.json`` and ``table.md`` up to date as runs finish,
-    print our table beside the paper's (unless ``quiet``); returns the results payload."""
-    out = Path(out_dir)
+    print our table beside the paper's (unless ``quiet``); returns the results payload.
+    Holds ``out_dir``'s writer lock throughout (:func:`writer_lock`)."""
+    with writer_lock(out_dir):
+        return _reproduce(recipe, config, Path(out_dir), grid, resume, force, jobs, quiet)
+
+
+def _reproduce(
+    recipe: Recipe[C],
+    config: C,
+    out: Path,
+    grid: Mapping[str, Sequence[Any]],
+    resume: bool,
+    force: bool,
+    jobs: int,
+    quiet: bool,
+) -> dict[str, Any]:
     fields = list(grid)
     cells: dict[tuple[Any, ...], tuple[C, Path]] = {}
     per_cell: list[list[RunJob[C]]] = []
