@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -314,3 +317,78 @@ def test_lock_is_held_during_the_run(tmp_path: Path) -> None:
     config = TOY.presets["quick"].config
     assert runs.train_cell(recipe, config, out) is not None
     assert seen == ["run_00", "run_01"]
+
+
+# ---- 8. workers die with their parent -------------------------------------------------------
+_SLEEPER = """
+import os, time
+from dataclasses import replace
+from pathlib import Path
+from test_recipes import TOY
+
+def train(config, run_dir, resume):
+    (Path(os.environ["SLEEPER_DIR"]) / f"worker_{os.getpid()}").write_text("")
+    time.sleep(120)
+    return {}
+
+RECIPE = replace(TOY, name="sleeper", train=train)
+"""
+
+_PARENT = """
+import sys
+sys.path[:0] = sys.argv[1:3]
+import sleeper
+from structattn import recipes
+from structattn.recipes import runs
+recipes.register(sleeper.RECIPE)
+jobs = runs.plan_runs(sleeper.RECIPE, sleeper.RECIPE.presets["quick"].config, sys.argv[3],
+                      False, False)
+runs.execute(sleeper.RECIPE, jobs, workers=2)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:  # pragma: no cover - no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="kill -9 of a process tree: POSIX")
+def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
+    """Killing the parent of `train --jobs 2` left its workers running (one finished a run
+    after the parent died); now they exit within seconds."""
+    (tmp_path / "sleeper.py").write_text(_SLEEPER)
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "STRUCTATTN_EXTENSION": "0"}
+    env["SLEEPER_DIR"] = str(tmp_path)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, tests, str(tmp_path), str(tmp_path / "out" / "cell")],
+        env=env,
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            workers = [int(p.name.split("_")[1]) for p in tmp_path.glob("worker_*")]
+            time.sleep(0.2)
+        assert len(workers) == 2, "the workers did not start"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_alive, workers)), "a worker outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

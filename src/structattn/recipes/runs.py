@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -282,6 +283,31 @@ def run_one(recipe: Recipe[C], job: RunJob[C]) -> dict[str, Any] | None:
     return record
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Initializer of the worker processes: exit when the parent process ``parent`` dies
+    (``kill -9`` included), rather than train on for nobody. On Linux the kernel sends
+    SIGTERM (``prctl(PR_SET_PDEATHSIG)``); everywhere a watchdog thread sees the worker
+    reparented (``os.getppid()`` changes) within a second and exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog
+            pass
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="structattn-parent-watchdog", daemon=True).start()
+
+
 def _worker(module: str, name: str, config: dict[str, Any], run_dir: str, resume: bool,
             threads: int) -> dict[str, Any] | None:  # fmt: skip
     """One run in a worker process (spawned): the recipe is looked up in the registry, else
@@ -330,7 +356,10 @@ def execute(
     else:
         threads = max(1, torch.get_num_threads() // workers)
         module = recipe.train.__module__
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        context, parent = get_context("spawn"), (os.getpid(),)
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_exit_with_parent, initargs=parent
+        ) as pool:
             futures: dict[Future[Any], RunJob[C]] = {}
             queue = list(jobs)
             while queue or futures:
