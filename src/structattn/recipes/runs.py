@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -165,8 +165,9 @@ def writer_lock(out_dir: str | os.PathLike[str]) -> Iterator[None]:
     finally:
         path.unlink(missing_ok=True)  # while still held: a later writer locks a new file
         os.close(fd)
-        if created and not any(out.iterdir()):  # a refused command leaves no empty --out
-            out.rmdir()
+        if created:  # a refused command leaves no empty --out (another writer may fill it)
+            with suppress(OSError):
+                out.rmdir()
 
 
 @dataclass(frozen=True)
