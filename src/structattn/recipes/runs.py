@@ -13,7 +13,9 @@ multi-run recipes ``run_00/ ... run_NN/`` (seeds ``seed``, ``seed + 1``, ...) wi
 ``summary.json`` and the best run's ``test_predictions.jsonl``. ``reproduce`` trains a grid of
 cells and writes ``results.json`` and ``table.md`` (ours beside the paper's).
 
-Every result file is written atomically (a temporary file renamed over the target).
+Every result file is written atomically (a temporary file renamed over the target). One
+process at a time writes an output directory: ``train`` and ``reproduce`` hold an OS lock on
+``<out>/.structattn.lock`` (:func:`writer_lock`) while they run, and refuse a second writer.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -35,12 +39,14 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from ..io import atomic_write_text
-from ..training import read_run_config
+from ..training import ArtefactError, read_json_object, read_jsonl_objects, read_run_config
 from .base import RESUMABLE, Recipe, RecipeConfig
 from .config import config_from_dict, config_to_dict, replace_path
 from .tables import markdown_table
 
 __all__ = [
+    "LOCK_FILE",
+    "RunDirectoryBusyError",
     "RunJob",
     "available_cores",
     "execute",
@@ -57,12 +63,15 @@ __all__ = [
     "train_cell",
     "write_json",
     "write_jsonl",
+    "writer_lock",
 ]
 
 C = TypeVar("C", bound=RecipeConfig)  # a recipe's config dataclass
 RunState = Literal["new", "partial", "done"]
 _RUN_FILES = ("done.json", "checkpoint.pt", "model.pt", "config.json", "metrics.jsonl")
 _CELL_FILES = ("summary.json", "test_predictions.jsonl")
+_RECORD_KEYS = ("run", "seconds")  # of a done.json, read here
+LOCK_FILE = ".structattn.lock"  # in an output directory while train/reproduce write it
 
 
 # ---- files ------------------------------------------------------------------------------------
@@ -98,8 +107,67 @@ def run_state(run_dir: str | os.PathLike[str]) -> RunState:
 
 
 def _delete_run(run_dir: Path) -> None:
+    """Delete a run's files (the writer's lock file, if it is here, stays: it is held)."""
     if run_dir.is_dir() and run_state(run_dir) != "new":
-        shutil.rmtree(run_dir)
+        for path in run_dir.iterdir():
+            if path.name == LOCK_FILE:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+class RunDirectoryBusyError(FileExistsError):
+    """Another process is writing the output directory (it holds its lock)."""
+
+
+@contextmanager
+def writer_lock(out_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of ``out_dir`` (``fcntl.flock`` on :data:`LOCK_FILE`,
+    released by the OS when the holder dies, even by ``kill -9``); a second writer gets a
+    :class:`RunDirectoryBusyError` at once. Under ``torchrun`` rank 0 holds it for all ranks;
+    where ``fcntl`` is missing (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    if rank() != 0:
+        yield
+        return
+    out = Path(out_dir)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirectoryBusyError(
+                f"{out} is being written by another structattn process (pid {holder}); "
+                "wait for it or use another --out"
+            ) from None
+        try:  # the file we locked may have been removed by its last holder: lock the new one
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a later writer locks a new file
+        os.close(fd)
+        if created:  # a refused command leaves no empty --out (another writer may fill it)
+            with suppress(OSError):
+                out.rmdir()
 
 
 @dataclass(frozen=True)
@@ -188,11 +256,7 @@ def final_train_loss(run_dir: str | os.PathLike[str]) -> float | None:
     if not path.exists():
         return None
     last = None
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed run
-            continue
+    for entry in read_jsonl_objects(path):  # a line cut short by a killed run is skipped
         if entry.get("kind") == "epoch" and "train_loss" in entry:
             last = float(entry["train_loss"])
     return last
@@ -218,6 +282,31 @@ def run_one(recipe: Recipe[C], job: RunJob[C]) -> dict[str, Any] | None:
     }
     write_json(job.run_dir / "done.json", record)
     return record
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Initializer of the worker processes: exit when the parent process ``parent`` dies
+    (``kill -9`` included), rather than train on for nobody. On Linux the kernel sends
+    SIGTERM (``prctl(PR_SET_PDEATHSIG)``); everywhere a watchdog thread sees the worker
+    reparented (``os.getppid()`` changes) within a second and exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog
+            pass
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="structattn-parent-watchdog", daemon=True).start()
 
 
 def _worker(module: str, name: str, config: dict[str, Any], run_dir: str, resume: bool,
@@ -268,7 +357,10 @@ def execute(
     else:
         threads = max(1, torch.get_num_threads() // workers)
         module = recipe.train.__module__
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        context, parent = get_context("spawn"), (os.getpid(),)
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_exit_with_parent, initargs=parent
+        ) as pool:
             futures: dict[Future[Any], RunJob[C]] = {}
             queue = list(jobs)
             while queue or futures:
@@ -292,14 +384,19 @@ def read_records(recipe: Recipe[C], out_dir: str | os.PathLike[str]) -> list[dic
     written before ``final_train_loss`` was kept get it from the run's ``metrics.jsonl``)."""
     out = Path(out_dir)
     paths = sorted(out.glob("run_*/done.json")) if recipe.multi_run else [out / "done.json"]
-    records = []
+    scored = []
     for path in paths:
         if path.exists():
-            record = json.loads(path.read_text())
+            record = read_json_object(path, keys=_RECORD_KEYS)
             if "final_train_loss" not in record:
                 record["final_train_loss"] = final_train_loss(path.parent)
-            records.append(record)
-    return sorted(records, key=recipe.report.select, reverse=True)
+            try:
+                score = recipe.report.select(record)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                raise ArtefactError(path, f"not a finished run's record ({error!r})") from None
+            scored.append((score, record))
+    scored.sort(key=lambda item: item[0], reverse=True)  # stable: ties keep their order
+    return [record for _, record in scored]
 
 
 def summarize_cell(
@@ -352,12 +449,13 @@ def train_cell(
 ) -> dict[str, Any] | None:
     """``structattn train``: the cell's runs (``jobs`` in parallel), then its summary
     (``None`` on ranks > 0 under torchrun)."""
-    pending = plan_runs(recipe, config, out_dir, resume, force)
-    progress = config.train.progress and jobs > 1
-    execute(recipe, pending, jobs, progress=progress)
-    if rank() != 0:
-        return None
-    return summarize_cell(recipe, config, out_dir)
+    with writer_lock(out_dir):
+        pending = plan_runs(recipe, config, out_dir, resume, force)
+        progress = config.train.progress and jobs > 1
+        execute(recipe, pending, jobs, progress=progress)
+        if rank() != 0:
+            return None
+        return summarize_cell(recipe, config, out_dir)
 
 
 def resolve_run(recipe: Recipe[C], checkpoint: str | os.PathLike[str]) -> Path:
@@ -369,7 +467,7 @@ def resolve_run(recipe: Recipe[C], checkpoint: str | os.PathLike[str]) -> Path:
     if (path / "model.pt").exists():
         return path
     if recipe.multi_run and (path / "summary.json").exists():
-        return path / json.loads((path / "summary.json").read_text())["best_run"]
+        return path / str(read_json_object(path / "summary.json", keys=("best_run",))["best_run"])
     raise FileNotFoundError(f"no trained model (model.pt) in {path}")
 
 
@@ -410,8 +508,22 @@ def reproduce(
 ) -> dict[str, Any]:
     """Train every cell of ``grid`` (config field -> values; runs interleaved so that the
     cells fill up evenly), keep ``results.json`` and ``table.md`` up to date as runs finish,
-    print our table beside the paper's (unless ``quiet``); returns the results payload."""
-    out = Path(out_dir)
+    print our table beside the paper's (unless ``quiet``); returns the results payload.
+    Holds ``out_dir``'s writer lock throughout (:func:`writer_lock`)."""
+    with writer_lock(out_dir):
+        return _reproduce(recipe, config, Path(out_dir), grid, resume, force, jobs, quiet)
+
+
+def _reproduce(
+    recipe: Recipe[C],
+    config: C,
+    out: Path,
+    grid: Mapping[str, Sequence[Any]],
+    resume: bool,
+    force: bool,
+    jobs: int,
+    quiet: bool,
+) -> dict[str, Any]:
     fields = list(grid)
     cells: dict[tuple[Any, ...], tuple[C, Path]] = {}
     per_cell: list[list[RunJob[C]]] = []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_text
+from .artefacts import ArtefactError, read_json_object, read_text
 from .checkpoint import CheckpointError, load_checkpoint
 
 __all__ = [
@@ -65,16 +66,9 @@ def repair_config(run_dir: str | os.PathLike[str], config: dict[str, Any]) -> No
 def _read_json_object(path: Path) -> dict[str, Any] | str:
     """The JSON object in ``path``, or why it is unreadable."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        return str(error)
-    if not text.strip():
-        return "empty"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        return str(error)
-    return value if isinstance(value, dict) else f"not a JSON object but {type(value).__name__}"
+        return read_json_object(path)
+    except ArtefactError as error:
+        return "empty" if error.problem == "is empty" else error.problem
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -107,7 +101,7 @@ def cut_metrics(path: str | os.PathLike[str], lines: int | None, step: int) -> i
     path = Path(path)
     if not path.exists():
         return 0
-    text = path.read_text(encoding="utf-8").split("\n")
+    text = read_text(path).split("\n")
     kept = []
     for line in text if lines is None else text[:lines]:
         try:
