@@ -16,9 +16,8 @@ namespace structattn {
 
 // Below this much work (``work`` of chunk_starts: about the multiply-adds of the batch) the
 // batch runs as one chunk: waking a second thread and joining the chunks' outputs cost more
-// than they save (the non-projective log Z fwd+bwd, B = 32, torch at 2 threads: N = 10,
-// B n^3 = 2.3e4, 120 us on two chunks, 97 us on one (86 us with torch at 1 thread);
-// N = 20, 2.2e5: about equal).
+// than they save (measured on the non-projective log Z fwd+bwd: benchmarks/README.md,
+// "Figures behind the thresholds in structs/").
 // (tests set it to 0 through set_parallel_work to run small batches in several chunks).
 inline std::atomic<double>& parallel_work() {
   static std::atomic<double> value{1e5};

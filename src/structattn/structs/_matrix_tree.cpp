@@ -3,8 +3,9 @@
 // per thread. The inverse of the Laplacians is either LAPACK's (LU, then a solve with the
 // identity: a sequential loop of small calls over the batch) or Gauss-Jordan elimination
 // with the same partial pivoting, written here for kLanes matrices at once, one in each
-// lane of a SIMD vector (so every matrix size vectorises the same way): for B = 32 matrices
-// of n = 9..79 that measured 4x (n <= 19) to 1.6x (n = 79) faster than the LAPACK calls.
+// lane of a SIMD vector (so every matrix size vectorises the same way), faster than the
+// LAPACK calls for a batch of small matrices (measured: benchmarks/README.md, "Figures
+// behind the thresholds in structs/").
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -167,10 +168,9 @@ std::tuple<Tensor, Tensor, Tensor> lapack_inverse(const Tensor& weights,
 // How many leading items of a chunk of ``batch`` Laplacians of n words Gauss-Jordan inverts;
 // the rest go to LAPACK. Method 1: all; 2: none; 0: every full group of kLanes, and the
 // last, partial group if it holds at least 1 + n / 20 items (a group costs the same however
-// many of its lanes are used; measured on this CPU, AVX-512, 1 thread: Gauss-Jordan beat
-// that many LAPACK calls from 1 item at n = 9 and 19, 2 at n = 39, 4 at n = 79), and none
-// above n = 384 (a full group was 1.3x faster than LAPACK at n = 319, 1.5-2x slower at
-// n = 499: its 64 n^2 bytes, streamed once per pivot, outgrow the caches).
+// many of its lanes are used: the break-even item counts are measured, see
+// benchmarks/README.md), and none above n = 384 (there its 64 n^2 bytes, streamed once per
+// pivot, outgrow the caches and LAPACK wins).
 int64_t gauss_jordan_items(int64_t method, int64_t batch, int64_t n) {
 #ifdef STRUCTATTN_GAUSS_JORDAN
   if (method != 0) return method == 1 ? batch : 0;
@@ -184,9 +184,9 @@ int64_t gauss_jordan_items(int64_t method, int64_t batch, int64_t n) {
 }
 
 // Up to this many words the weights and the marginals are formed in one loop each
-// (shifted_scores, fused_marginals) instead of several ATen ops: for B = 32, 1 thread, the
-// marginals took 5.8 instead of 12.6 us at n = 9 and 14.5 instead of 18.0 at n = 19, but
-// 60 instead of 51 at n = 39 (the loop reads Y by columns); above it the ATen ops are kept
+// (shifted_scores, fused_marginals) instead of several ATen ops: faster for small n, slower
+// from about n = 39 on (the loop reads Y by columns; timings in benchmarks/README.md);
+// above it the ATen ops are kept
 constexpr int64_t kFusedWords = 32;
 
 // One pass over ``scores`` [B, N, N] (contiguous) for the weights before their exp: writes
