@@ -32,6 +32,7 @@ __all__ = [
     "bleu_significance",
     "bracket_f1",
     "chrf",
+    "mean_std_range",
     "paired_bootstrap",
     "perplexity",
     "seed_spread",
@@ -79,6 +80,21 @@ def seed_spread(values: Sequence[float]) -> dict[str, Any]:
         raise ValueError("no runs to summarise")
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": spread, "runs": values}
+
+
+def mean_std_range(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), minimum and maximum of a score
+    over a cell's runs.
+
+    >>> mean_std_range([1, 2, 3])
+    {'mean': 2.0, 'std': 1.0, 'min': 1, 'max': 3}
+    """
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..metrics import seed_spread
+from ..viz.results import markdown_table  # re-exported: the recipes' tables use it
 
 __all__ = [
     "accuracy_metric",
@@ -28,17 +29,6 @@ __all__ = [
     "seed_summary",
     "valid_accuracy",
 ]
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A right-aligned Markdown table."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 
 # ---- selection: which run of a cell counts ----------------------------------------------------
