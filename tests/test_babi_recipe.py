@@ -23,6 +23,7 @@ from structattn.models import MemoryQA
 from structattn.models.memory_qa import forward_batch
 from structattn.recipes import babi
 from structattn.training import Task, TrainConfig, fit
+from structattn.viz.babi import format_runs
 
 PEOPLE = ["mary", "john", "sandra", "daniel"]
 PLACES = ["garden", "kitchen", "office", "hallway"]
@@ -178,7 +179,7 @@ def test_summarize_selection_and_fact_mean(tmp_path: Path) -> None:
     # done.json records without the final loss (older runs) read it from metrics.jsonl
     assert [r["final_train_loss"] for r in summary["run_scores"]] == [0.02, 0.1, 0.05, 0.5]
     assert summary["converged"] == 2
-    table = babi.format_runs({2: {"binary-crf": summary}})
+    table = format_runs({2: {"binary-crf": summary}})
     assert "| 2 | 4, 2, 2.0 |" in table and "converged" in table
     record = json.loads((tmp_path / "run_00" / "done.json").read_text())
     (tmp_path / "run_00" / "done.json").write_text(json.dumps({**record, "final_train_loss": 9.0}))

@@ -17,6 +17,7 @@ from structattn.models.nli import DecomposableAttention
 from structattn.models.parser import ArcParser, decode_heads, predict_heads
 from structattn.recipes import nli, parser, runs
 from structattn.recipes.config import replace_path
+from structattn.viz.nli import format_table
 
 needs_data = pytest.mark.data("sick", "ud_english_ewt", "glove")
 
@@ -135,7 +136,7 @@ def test_table_with_paired_bootstrap() -> None:
         ("sick", "structured"): summary("structured", ["1110" * 50, "1111" * 50]),
     }
     assert results[("sick", "none")]["correct_runs"].startswith("2100")
-    table = nli.format_table(results)
+    table = format_table(results)
     assert "37.5 +- 17.7 (2)" in table and "86.8" in table
     assert "[+50.0, p 0.00]" in table  # structured beats none on these pairs
 

@@ -20,6 +20,7 @@ from structattn.metrics import bleu, bleu_significance, chrf
 from structattn.models import translate
 from structattn.recipes import nmt
 from structattn.recipes.config import replace_path
+from structattn.viz.nmt import format_table
 
 sacrebleu = pytest.importorskip("sacrebleu")
 
@@ -260,7 +261,7 @@ def test_cli_eval_on_files_and_bad_input(
 
 
 def test_table_and_config_checks() -> None:
-    table = nmt.format_table({"char": {"simple": 1.0, "sigmoid": 2.0, "structured": None}})
+    table = format_table({"char": {"simple": 1.0, "sigmoid": 2.0, "structured": None}})
     assert "CHAR" in table and "12.6" in table and "14.6" in table and "WORD" not in table
     with pytest.raises(ValueError, match="source"):
         nmt.NMTConfig(source="byte")  # type: ignore[arg-type]

@@ -32,6 +32,9 @@ __all__ = [
     "bleu_significance",
     "bracket_f1",
     "chrf",
+    "correct_run_fractions",
+    "count_correct_runs",
+    "mean_std_range",
     "paired_bootstrap",
     "perplexity",
     "seed_spread",
@@ -79,6 +82,48 @@ def seed_spread(values: Sequence[float]) -> dict[str, Any]:
         raise ValueError("no runs to summarise")
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": spread, "runs": values}
+
+
+def mean_std_range(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), minimum and maximum of a score
+    over a cell's runs.
+
+    >>> mean_std_range([1, 2, 3])
+    {'mean': 2.0, 'std': 1.0, 'min': 1, 'max': 3}
+    """
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+_COUNT_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"  # counts 0..35 as one character
+
+
+def count_correct_runs(correct: Sequence[str]) -> str:
+    """Per test item, how many of a cell's runs got it right, as one base-36 digit (at most
+    35 runs are counted): a compact form of the runs' per-item correctness that
+    :func:`correct_run_fractions` reads back for :func:`paired_bootstrap` between cells.
+    ``correct``: one string of ``0`` / ``1`` per run, one character per item (item order).
+
+    >>> count_correct_runs(["110", "100"])
+    '210'
+    """
+    counts = [sum(c[i] == "1" for c in correct) for i in range(len(correct[0]))]
+    return "".join(_COUNT_DIGITS[min(c, 35)] for c in counts)
+
+
+def correct_run_fractions(digits: str, runs: int) -> list[float]:
+    """Per test item, the fraction of the ``runs`` (at most 35 counted) that got it right,
+    from the digits of :func:`count_correct_runs`.
+
+    >>> correct_run_fractions("210", 2)
+    [1.0, 0.5, 0.0]
+    """
+    counted = min(int(runs), 35)
+    return [_COUNT_DIGITS.index(c) / counted for c in digits]
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ class EncodedPairs:
     def batch(self, indices: Sequence[int], device: torch.device) -> dict[str, Tensor]:
         import torch
 
+        from .batching import pad_sequences
+
         out: dict[str, Tensor] = {}
         for key, rows, sents in (
             ("premise", self.premise, [self.examples[i].tokens for i in indices]),
@@ -108,17 +110,12 @@ class EncodedPairs:
         ):
             chosen = [rows[i] for i in indices]
             width = max(len(r) for r in chosen)
-            ids = torch.zeros(len(chosen), width, dtype=torch.long)  # [B, L]
-            for b, r in enumerate(chosen):
-                ids[b, : len(r)] = torch.tensor(r)
             lengths = torch.tensor([len(r) for r in chosen])
-            out[key] = ids.to(device)
+            out[key] = pad_sequences(chosen, width=width, device=device)  # [B, L]
             out[f"{key}_mask"] = (torch.arange(width) < lengths[:, None]).to(device)  # [B, L]
             if self.heads is not None:
-                heads = torch.zeros(len(chosen), width, dtype=torch.long)  # [B, L]
-                for b, s in enumerate(sents):
-                    heads[b, : len(s)] = torch.tensor(self.heads[tuple(s)])
-                out[f"{key}_heads"] = heads.to(device)
+                heads = [self.heads[tuple(s)] for s in sents]
+                out[f"{key}_heads"] = pad_sequences(heads, width=width, device=device)  # [B, L]
         out["labels"] = torch.tensor([self.labels[i] for i in indices], device=device)
         return out
 

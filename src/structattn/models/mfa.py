@@ -11,7 +11,9 @@ each Table 1 row, plus the hooks that read a trained model's attention back.
   (Figures 3-4);
 - :func:`counting_predictions`, :func:`sorting_scores`: a trained model run over examples
   (in length-sorted chunks, results in input order); :func:`free_energy_check`: Theorem 2
-  on a trained MFA model; :func:`attention_probe`: what the figures of one example draw.
+  on a trained MFA model; :func:`figure_batch`: one example as a batch (sorting: teacher-forced
+  on the greedy output) with the figure's labels; :func:`attention_probe`: what the figures
+  of one example draw.
 
 The row names (``model``) are the recipe's: ``rnn`` | ``lstm`` | ``bilstm`` (no attention),
 ``attention`` (additive softmax), ``vae`` (variational), ``mfa`` (mean field, k iterations).
@@ -32,7 +34,7 @@ from ..attention import (
     VariationalAttention,
 )
 from ..data.batching import length_chunks
-from ..data.synthetic import CountingExample, SortingExample
+from ..data.synthetic import CountingExample, SortingExample, count_chunks
 from ..data.synthetic_batches import BOS, EOS, PAD, SyntheticBatch, collate, example_length
 from ..structs.mean_field import mean_field_free_energy, mean_field_marginals
 from .seq2seq import RecurrentEncoder, Seq2Seq, sequence_nll, source_lengths
@@ -45,6 +47,7 @@ __all__ = [
     "attention_probe",
     "capture_attention_inputs",
     "counting_predictions",
+    "figure_batch",
     "free_energy_check",
     "mean_field_trajectory",
     "mfa_attention",
@@ -290,6 +293,29 @@ def free_energy_check(
         "violations": violations / queries,
         "largest_rise": worst,
     }
+
+
+def figure_batch(
+    model: nn.Module, task: str, bits: str, values: Sequence[int], max_value: int
+) -> tuple[SyntheticBatch, list[str], list[str]]:
+    """The batch of one example of ``task`` (counting: ``bits``; sorting: ``values``,
+    teacher-forced on the model's greedy output), the figure's row labels (outputs) and
+    column labels (inputs), for :func:`attention_probe`."""
+    cpu = torch.device("cpu")
+    if task == "counting":
+        batch = collate([CountingExample(bits, count_chunks(bits))], cpu, max_value)
+        predicted, _ = model(batch.source, batch.source_mask)
+        return batch, [f"count {float(predicted[0]):.2f}"], list(bits)
+    batch = collate([SortingExample(tuple(values), tuple(sorted(values)))], cpu, max_value)
+    assert isinstance(model, Seq2Seq)
+    decoded = model.beam_search(batch.source, batch.source_mask, BOS, EOS, 1, len(values))
+    target = [t - 3 for t in decoded.tokens[0]]
+    # attention along the greedy output (teacher-forced on it)
+    batch = batch._replace(
+        target_in=torch.tensor([[BOS, *(t + 3 for t in target)]]),
+        target_out=torch.tensor([[*(t + 3 for t in target), EOS]]),
+    )
+    return batch, [*map(str, target), "</s>"], [str(v) for v in values]
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import SyntacticAttention, masked_softmax
+from ..data.batching import pad_sequences
 from ..data.classification import word_vocabulary
 from ..data.embeddings import embedding_table
 from ..data.nli import EncodedPairs
@@ -232,11 +233,7 @@ def induced_heads(
     out: list[list[int]] = [[] for _ in sentences]
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        width = max(len(sentences[i]) for i in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # [B, N]
-        for b, i in enumerate(chunk):
-            ids[b, : len(sentences[i])] = torch.tensor(words.encode(sentences[i]))
-        ids = ids.to(table.device)
+        ids = pad_sequences([words.encode(sentences[i]) for i in chunk], device=table.device)
         mask = ids != 0  # [B, N]
         heads = model.syntactic.parse(model.project(embed(ids)), mask)  # [B, N+1]
         for b, i in enumerate(chunk):

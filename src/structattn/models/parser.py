@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import BiLSTMArcScorer
+from ..data.batching import pad_sequences
 from ..data.classification import WordVocabulary, word_vocabulary
 from ..data.conllu import ConlluSentence
 from ..data.embeddings import embedding_table
@@ -189,12 +190,9 @@ def _padded_ids(
     width: int | None = None,
 ) -> Tensor:
     """Ids [B, N] of each sequence's items in ``vocabulary``, right-padded with 0 to ``width``
-    (default: the longest sequence)."""
-    width = max(len(s) for s in sequences) if width is None else width
-    ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    for b, items in enumerate(sequences):
-        ids[b, : len(items)] = torch.tensor(vocabulary.encode(list(items)))
-    return ids.to(device)
+    (default: the longest sequence), on ``device``."""
+    rows = [vocabulary.encode(list(items)) for items in sequences]
+    return pad_sequences(rows, width=width, device=device)
 
 
 class ArcParser(nn.Module):

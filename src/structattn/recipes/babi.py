@@ -33,8 +33,6 @@ from ..data.babi import (
     MEMORY_SIZE,
     MODEL_NAMES,
     PAPER_HOPS,
-    PAPER_TABLE4,
-    PAPER_TABLE4_AVERAGE,
     PAPER_TASKS,
     TABLE_ORDER,
     BabiBatch,
@@ -58,7 +56,7 @@ from ..models.memory_qa import (
     predict_answers,
 )
 from ..training import Task, TrainConfig, fit, load_model_state
-from ..viz.babi import figure5, format_runs, format_table, nested_results, plot_results
+from ..viz.babi import cells_table, figure5, nested_results, paper_record, plot_cells
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
@@ -72,8 +70,6 @@ __all__ = [
     "converged",
     "evaluate",
     "fact_supervision_weight",
-    "format_runs",
-    "format_table",
     "load_trained",
     "reproduce",
     "score",
@@ -487,15 +483,6 @@ def reproduce(
     return nested_results(payload["results"])
 
 
-def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-    nested = nested_results(results)
-    return format_table(nested) + "\n\n" + format_runs(nested)
-
-
-def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    return plot_results(nested_results(results), out)
-
-
 # ---- Figure 5 --------------------------------------------------------------------------------
 def visualize(
     checkpoint: str | Path,
@@ -598,17 +585,9 @@ RECIPE = Recipe(
     report=Reporting(
         select=_select,
         summarize=_summarize,
-        table=_table,
-        paper={
-            "source": "Kim et al. 2017, Table 4 (Ans % / Fact %)",
-            "hops": {str(t): k for t, k in PAPER_HOPS.items()},
-            "cells": {
-                m: {str(t): list(v) for t, v in PAPER_TABLE4[m.replace("-", "_")].items()}
-                for m in TABLE_ORDER
-            },
-            "average": {m: list(PAPER_TABLE4_AVERAGE[m.replace("-", "_")]) for m in TABLE_ORDER},
-        },
-        plots=_plots,
+        table=cells_table,
+        paper=paper_record(),
+        plots=plot_cells,
     ),
     tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

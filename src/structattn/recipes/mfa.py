@@ -40,14 +40,14 @@ from ..data.batching import bucket_batches
 from ..data.synthetic import (
     CountingExample,
     SortingExample,
-    count_chunks,
     counting_examples,
     read_counting,
     read_sorting,
     sorting_examples,
     write_examples,
 )
-from ..data.synthetic_batches import BOS, EOS, PAD, SyntheticBatch, collate, example_length
+from ..data.synthetic_batches import PAD, SyntheticBatch, collate, example_length
+from ..metrics import mean_std_range
 from ..models import (
     ChunkCounter,
     ElmanRNN,
@@ -60,8 +60,10 @@ from ..models import (
     mfa_attention,
     sorting_scores,
 )
+from ..models.mfa import figure_batch
 from ..models.seq2seq import sequence_nll
 from ..training import Task, TrainConfig, fit, load_model_state
+from ..viz.mfa import MODEL_NAMES, PAPER_TABLE1, TABLE_MODELS, figure1, format_table
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict
@@ -83,28 +85,6 @@ __all__ = [
 
 TASKS = ("counting", "sorting")
 MODELS = ("rnn", "lstm", "bilstm", "attention", "vae", "mfa")
-#: Table 1's rows (and the k = 0 ablation) as ``model`` values
-TABLE_MODELS = ("rnn", "lstm", "bilstm", "attention", "vae", "mfa0", "mfa1", "mfa5")
-MODEL_NAMES = {
-    "rnn": "RNN",
-    "lstm": "LSTM",
-    "bilstm": "Bidirectional LSTM",
-    "attention": "LSTM with Attention",
-    "vae": "VAE Attention",
-    "mfa0": "MFA_0 (sigmoid)",
-    "mfa1": "MFA_1",
-    "mfa5": "MFA_5",
-}
-#: Table 1 of the paper: model -> (counting MSE, sorting "NLL" as printed)
-PAPER_TABLE1: dict[str, tuple[float | None, float | None]] = {
-    "rnn": (720.32, -2.34),
-    "lstm": (145.30, -9.13),
-    "bilstm": (215.91, -8.53),
-    "attention": (None, -18.43),
-    "vae": (198.23, -8.44),
-    "mfa1": (106.62, -20.76),
-    "mfa5": (76.13, -25.12),
-}
 #: the task's (train lengths, longest test length) when the config leaves them at 0
 TASK_LENGTHS = {"counting": (10, 30, 100), "sorting": (5, 15, 25)}
 
@@ -386,15 +366,6 @@ def _select(record: Mapping[str, Any]) -> float:
     return float(record.get("valid", {}).get("metric", -math.inf))
 
 
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-    }
-
-
 def _summarize(config: MFAConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The best run on validation, and mean / spread over the runs of each test score and
     of the per-length curve."""
@@ -408,69 +379,13 @@ def _summarize(config: MFAConfig, records: Sequence[Mapping[str, Any]]) -> dict[
         "task": config.task,
         "model": config.name,
         "test": {k: best[k] for k in keys},
-        "runs_spread": {k: _spread([r["test"][k] for r in records]) for k in keys},
+        "runs_spread": {k: mean_std_range([r["test"][k] for r in records]) for k in keys},
         "per_length": {n: statistics.fmean(v) for n, v in sorted(per_length.items())},
         "valid": records[0].get("valid"),
     }
     if "free_energy" in best:
         summary["free_energy"] = best["free_energy"]
     return summary
-
-
-# ---- tables and plots -----------------------------------------------------------------------
-def _fmt(spread: Mapping[str, float] | None, digits: int = 2) -> str:
-    if not spread:
-        return "-"
-    return f"{spread['mean']:.{digits}f} ± {spread['std']:.{digits}f}"
-
-
-def format_table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-    """Table 1: per model, counting MSE and sorting NLL / accuracy (mean ± std over runs)
-    beside the paper's numbers."""
-    cells: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for summary in results.values():
-        cells[(summary["task"], summary["model"])] = summary
-    models = [m for m in TABLE_MODELS if any(k[1] == m for k in cells)]
-    models += sorted({k[1] for k in cells} - set(models))
-    header = ["Model", "Counting MSE (ours)", "(paper)", "Sorting NLL/seq (ours)",
-              "Sorting exact % (ours)", "(paper)", "runs"]  # fmt: skip
-    rows = []
-    for m in models:
-        count, sort = cells.get(("counting", m)), cells.get(("sorting", m))
-        paper = PAPER_TABLE1.get(m, (None, None))
-        spread_c = count["runs_spread"] if count else {}
-        spread_s = sort["runs_spread"] if sort else {}
-        n_runs = "/".join(str(c["runs"]) if c else "-" for c in (count, sort))
-        rows.append(
-            [
-                MODEL_NAMES.get(m, m),
-                _fmt(spread_c.get("mse")),
-                "-" if paper[0] is None else f"{paper[0]:.2f}",
-                _fmt(spread_s.get("nll"), 3),
-                _fmt(spread_s.get("accuracy"), 1),
-                "-" if paper[1] is None else f"{paper[1]:.2f}",
-                n_runs,
-            ]
-        )
-    return runs.markdown_table(header, rows)
-
-
-def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    """Figure 1: the test metric against the input length, one line per model and task."""
-    from ..viz import line_curves
-
-    written = []
-    for task, ylabel in (("counting", "test MSE"), ("sorting", "test NLL per sequence")):
-        series = {
-            MODEL_NAMES.get(s["model"], s["model"]): {int(n): v for n, v in s["per_length"].items()}
-            for s in results.values()
-            if s["task"] == task
-        }
-        if series:
-            path = out / f"figure1_{task}.png"
-            title = f"{task}: test error vs input length (mean over runs)"
-            written.append(line_curves(series, path, "input length", ylabel, title, log_y=True))
-    return written
 
 
 # ---- figures of one run ---------------------------------------------------------------------
@@ -490,28 +405,6 @@ def _run_dirs(checkpoint: Path) -> list[Path]:
     if not found:
         raise FileNotFoundError(f"no trained mfa model under {checkpoint}")
     return found
-
-
-def _figure_batch(
-    model: nn.Module, config: MFAConfig, bits: str, values: Sequence[int]
-) -> tuple[SyntheticBatch, list[str], list[str]]:
-    """The batch of one example (sorting: teacher-forced on the greedy output), the
-    figure's row labels (outputs) and column labels (inputs)."""
-    cpu = torch.device("cpu")
-    if config.task == "counting":
-        batch = collate([CountingExample(bits, count_chunks(bits))], cpu, config.max_value)
-        predicted, _ = model(batch.source, batch.source_mask)
-        return batch, [f"count {float(predicted[0]):.2f}"], list(bits)
-    batch = collate([SortingExample(tuple(values), tuple(sorted(values)))], cpu, config.max_value)
-    assert isinstance(model, Seq2Seq)
-    decoded = model.beam_search(batch.source, batch.source_mask, BOS, EOS, 1, len(values))
-    target = [t - 3 for t in decoded.tokens[0]]
-    # attention along the greedy output (teacher-forced on it)
-    batch = batch._replace(
-        target_in=torch.tensor([[BOS, *(t + 3 for t in target)]]),
-        target_out=torch.tensor([[*(t + 3 for t in target), EOS]]),
-    )
-    return batch, [*map(str, target), "</s>"], [str(v) for v in values]
 
 
 def visualize(
@@ -540,7 +433,9 @@ def visualize(
             values = SAMPLE_VALUES
             if max(values) > config.max_value:
                 values = sorting_examples(1, [5], 0, "viz", config.max_value)[0].values
-        batch, rows, columns = _figure_batch(model, config, bits, values or ())
+        batch, rows, columns = figure_batch(
+            model, config.task, bits, values or (), config.max_value
+        )
         probe = attention_probe(model, batch)  # weights [Q, N] (+ mean-field trajectory)
         name = MODEL_NAMES.get(config.name, config.name)
         written += mean_field_figures(
@@ -678,7 +573,7 @@ RECIPE = Recipe(
             "counting": {m: v[0] for m, v in PAPER_TABLE1.items()},
             "sorting": {m: v[1] for m, v in PAPER_TABLE1.items()},
         },
-        plots=_plots,
+        plots=figure1,
         reproduce_also=("mfa-lm",),  # Tables 2-3 (language modelling) are their own recipe
     ),
     tools=Tools(

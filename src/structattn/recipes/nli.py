@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,16 +49,17 @@ from ..data.nli import (
     pair_sentences,
     write_nli_predictions,
 )
-from ..metrics import paired_bootstrap
+from ..metrics import count_correct_runs
 from ..models.nli import DecomposableAttention, forward_batch, predict_pairs, sentence_tree
 from ..models.nli import induced_heads as model_induced_heads
 from ..models.parser import copy_parser_layer, parse_sentences
 from ..training import Task, TrainConfig, fit, load_model_state
+from ..viz.nli import DATASETS, NAMES, PAPER_TABLE5, VARIANTS, format_table, plot_results
 from . import runs
 from ._parsing import epoch_seconds, load_parser_run, load_pretrained_layer
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
-from .tables import accuracy_metric, markdown_table, valid_accuracy
+from .tables import accuracy_metric, valid_accuracy
 
 __all__ = [
     "PAPER_TABLE5",
@@ -78,24 +78,6 @@ __all__ = [
     "syntax_report",
     "train",
 ]
-
-VARIANTS = ("none", "hard-parent", "simple", "structured", "pretrained")
-NAMES = {
-    "none": "No Attention",
-    "hard-parent": "No Attention + Hard parent",
-    "simple": "Simple Attention",
-    "structured": "Structured Attention",
-    "pretrained": "Pretrained Structured Attention",
-}
-#: SNLI test accuracy of Table 5 (Kim et al. 2017)
-PAPER_TABLE5 = {
-    "none": 85.8,
-    "hard-parent": 86.1,
-    "simple": 86.2,
-    "structured": 86.8,
-    "pretrained": 86.5,
-}
-DATASETS = ("sick", "snli-small")
 
 #: Appendix A.5: Adagrad 0.05 (accumulator 0.1), 100 epochs, gradient norm 5, batch 32
 PAPER_TRAIN = TrainConfig(
@@ -364,21 +346,10 @@ def _select(record: Mapping[str, Any]) -> float:
     return valid_accuracy(record, scale=0.01)
 
 
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-def _mean_correct(summary: Mapping[str, Any]) -> list[float]:
-    """Per test pair, the fraction of the cell's runs that got it right."""
-    runs_ = min(int(summary["runs"]), 35)
-    return [_DIGITS.index(c) / runs_ for c in summary["correct_runs"]]
-
-
 def _summarize(config: NLIConfig, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and spread of test accuracy over the runs; per-pair correctness averaged over the
     runs (for the paired bootstrap between variants)."""
     accs = [float(r["test"]["accuracy"]) for r in records]
-    correct = [r["test"]["correct"] for r in records]
-    counts = [sum(c[i] == "1" for c in correct) for i in range(len(correct[0]))]
     per_epoch = [r["test"].get("seconds_per_epoch") for r in records]
     per_epoch_known = [s for s in per_epoch if s is not None]
     return {
@@ -392,43 +363,8 @@ def _summarize(config: NLIConfig, records: Sequence[Mapping[str, Any]]) -> dict[
         "seconds_per_epoch": statistics.fmean(per_epoch_known) if per_epoch_known else None,
         "coverage": records[0]["test"].get("coverage"),
         # per test pair, how many runs got it right, as one base-36 digit (at most 35 runs)
-        "correct_runs": "".join(_DIGITS[min(c, 35)] for c in counts),
+        "correct_runs": count_correct_runs([r["test"]["correct"] for r in records]),
     }
-
-
-# ---- table -----------------------------------------------------------------------------------
-def format_table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-    """Table 5: our test accuracy (mean +- std over seeds, per data set) beside the paper's
-    SNLI numbers, with a paired bootstrap of each variant against ``none`` (over the test
-    pairs, per-pair correctness averaged over seeds)."""
-    datasets = sorted({key[0] for key in results}, key=DATASETS.index)
-    header = ["Model", *(f"{d} (ours)" for d in datasets), "SNLI (paper)"]
-    rows = []
-    notes = []
-    for variant in VARIANTS:
-        cells = []
-        for d in datasets:
-            s = results.get((d, variant))
-            if s is None:
-                cells.append("-")
-                continue
-            text = f"{s['accuracy_mean']:.1f} +- {s['accuracy_std']:.1f} ({s['runs']})"
-            base = results.get((d, "none"))
-            if base is not None and variant != "none":
-                boot = paired_bootstrap(_mean_correct(s), _mean_correct(base), samples=2000)
-                text += f" [{100 * boot.difference:+.1f}, p {boot.p_value:.2f}]"
-            cells.append(text)
-            if s.get("seconds_per_epoch"):
-                notes.append(f"{d} {variant}: {s['seconds_per_epoch']:.1f} s/epoch")
-        if any(c != "-" for c in cells):
-            rows.append([NAMES[variant], *cells, f"{PAPER_TABLE5[variant]:.1f}"])
-    table = markdown_table(header, rows)
-    return (
-        table + "\n\nCells: test accuracy %, mean +- std over seeds (runs); [difference to No "
-        "Attention in points, one-sided paired-bootstrap p]. The paper's column is SNLI test "
-        "(549k training pairs); ours are trained on SICK TRAIN or SNLI dev.\n"
-        + ("Time: " + "; ".join(notes) if notes else "")
-    )
 
 
 def _cell_dir(config: NLIConfig) -> str:
@@ -548,30 +484,6 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
     return text
 
 
-def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    from .. import viz
-
-    datasets = sorted({key[0] for key in results}, key=DATASETS.index)
-    shown = [v for v in VARIANTS if any((d, v) in results for d in datasets)]
-    ours = {
-        d: [results[(d, v)]["accuracy_mean"] if (d, v) in results else None for v in shown]
-        for d in datasets
-    }
-    try:
-        return [
-            viz.grouped_bars(
-                [NAMES[v] for v in shown],
-                ours,
-                out / "accuracy.png",
-                title="NLI test accuracy, mean over seeds",
-                ylabel="accuracy %",
-            )
-        ]
-    except ImportError as error:
-        print(f"no plots: {error}", file=sys.stderr)
-        return []
-
-
 # ---- presets and the record -------------------------------------------------------------------
 #: what fits 2 CPU cores: hidden 100, Adam 1e-3 from PyTorch's initialisation (the paper's
 #: N(0, 0.01) with Adagrad 0.05 stays at the majority class for 12+ epochs on SICK's 4.4k
@@ -618,7 +530,7 @@ RECIPE = Recipe(
         summarize=_summarize,
         table=format_table,
         paper={"source": "Kim et al. 2017, Table 5 (SNLI test accuracy %)", "cells": PAPER_TABLE5},
-        plots=_plots,
+        plots=plot_results,
     ),
     tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

@@ -19,10 +19,8 @@ multi-bleu.perl on the tokenized, lower-cased references), chrF as a second metr
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,7 +47,7 @@ from ..data.translation import (
     vocabularies,
 )
 from ..io import atomic_write_text
-from ..metrics import bleu, bleu_significance, chrf
+from ..metrics import bleu, chrf
 from ..models import (
     Seq2Seq,
     Seq2SeqConfig,
@@ -60,9 +58,19 @@ from ..models import (
 from ..models.seq2seq import sequence_nll
 from ..names import MemoryStructure
 from ..training import Task, TrainConfig, fit, load_model_state
+from ..viz.nmt import (
+    PAPER_TABLE,
+    SOURCES,
+    VARIANT_NAMES,
+    VARIANTS,
+    plot_results,
+    results_table,
+    significance_table,
+)
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import config_from_dict, config_to_dict, replace_path
+from .tables import epoch_timing
 
 __all__ = [
     "significance_table",
@@ -77,20 +85,11 @@ __all__ = [
     "visualize",
 ]
 
-VARIANTS = ("simple", "sigmoid", "structured")
-SOURCES = ("char", "word")
-#: Table 3 of the paper (BLEU, WAT test set): source setting -> attention -> BLEU
-PAPER_TABLE: dict[str, dict[str, float]] = {
-    "char": {"simple": 12.6, "sigmoid": 13.1, "structured": 14.6},
-    "word": {"simple": 14.1, "sigmoid": 13.8, "structured": 14.3},
-}
 _LAYER: dict[str, MemoryStructure] = {
     "simple": "softmax",
     "sigmoid": "sigmoid",
     "structured": "segmentation",
 }
-_NAMES = {"simple": "Simple", "sigmoid": "Sigmoid", "structured": "Structured"}
-
 #: the paper's optimisation (A.3, Luong et al.): SGD 1.0, clip 1, halve from the first epoch
 #: without validation improvement, loss summed over a sentence and averaged over the batch
 PAPER_TRAIN = TrainConfig(
@@ -222,32 +221,6 @@ def sequence_loss(model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, in
     return nll + examples * penalty, examples, (batch.target_out != 0).sum()
 
 
-def significance_table(out: str | Path, baseline: str = "simple") -> str:
-    """Markdown: for each source setting under a ``reproduce`` directory ``out``, every
-    attention's test BLEU, its 95% bootstrap interval and the paired-bootstrap p-value of
-    its difference from ``baseline`` (``bleu_significance``; from the cells'
-    ``test_predictions.jsonl``)."""
-    rows = []
-    for source in SOURCES:
-        hyps: dict[str, list[str]] = {}
-        refs: list[str] = []
-        for attention in VARIANTS:
-            path = Path(out) / f"{source}-{attention}" / "test_predictions.jsonl"
-            if not path.exists():
-                continue
-            lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
-            hyps[attention] = [x["hypothesis"] for x in lines]
-            refs = [x["reference"] for x in lines]
-        if baseline not in hyps or len(hyps) < 2:
-            continue
-        for name, r in bleu_significance(hyps, refs, baseline).items():
-            p = "-" if r["p_value"] is None else f"{r['p_value']:.3f}"
-            span = f"[{r['low']:.1f}, {r['high']:.1f}]"
-            rows.append([source.upper(), _NAMES[name], f"{r['bleu']:.2f}", span, p])
-    header = ["Source", "Attention", "BLEU", "95% interval", f"p vs {_NAMES[baseline]}"]
-    return runs.markdown_table(header, rows) if rows else ""
-
-
 def evaluate(
     model: Seq2Seq,
     sources: Sequence[Sequence[str]],
@@ -357,29 +330,6 @@ def load_trained(
     return model.to(device).eval(), vocabs, config
 
 
-def _timing(run_dir: Path, train_tokens: int) -> dict[str, float | None]:
-    """Median seconds per epoch (validation included) and training target tokens per second,
-    from the epochs logged in ``metrics.jsonl`` (across resumes: consecutive epochs only)."""
-    path = run_dir / "metrics.jsonl"
-    epochs = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "epoch":
-                epochs.append((record["epoch"], record["time"]))
-    gaps = [
-        t1 - t0
-        for (e0, t0), (e1, t1) in zip(epochs, epochs[1:], strict=False)
-        if e1 == e0 + 1 and t1 > t0
-    ]
-    if epochs and epochs[0][0] == 1:
-        gaps.append(epochs[0][1])
-    if not gaps:
-        return {"seconds_per_epoch": None, "tokens_per_second": None}
-    seconds = statistics.median(gaps)
-    return {"seconds_per_epoch": seconds, "tokens_per_second": train_tokens / seconds}
-
-
 def score(config: NMTConfig, run_dir: str | Path) -> dict[str, Any]:
     """A trained run's validation perplexity (best epoch) and test BLEU / chrF (beam
     search), its speed and what the filter kept; writes ``test_predictions.jsonl`` and
@@ -401,7 +351,7 @@ def score(config: NMTConfig, run_dir: str | Path) -> dict[str, Any]:
         max_length=config.max_target_words,
     )
     train_tokens = sum(len(p.target) + 1 for p in splits["train"])
-    scores.update(_timing(run_dir, train_tokens))
+    scores.update(epoch_timing(run_dir, train_tokens))
     scores["filter"] = {k: {"kept": r.kept, "total": r.total} for k, r in reports.items()}
     if config.attention == "structured":
         layer = model.attention
@@ -431,65 +381,6 @@ def _summarize(config: NMTConfig, records: Sequence[Mapping[str, Any]]) -> dict[
         "tokens_per_second": test.get("tokens_per_second"),
         "transitions": test.get("transitions"),
     }
-
-
-# ---- tables and plots -------------------------------------------------------------------------
-def format_table(results: Mapping[str, Mapping[str, float | None]]) -> str:
-    """Table 3: BLEU per source setting (rows) and attention (ours, then the paper's)."""
-    header = ["Source", *(f"{_NAMES[v]} (ours)" for v in VARIANTS)]
-    header += [f"{_NAMES[v]} (paper)" for v in VARIANTS]
-    rows = []
-    for source in SOURCES:
-        if source not in results:
-            continue
-        ours = results[source]
-        row = [source.upper()]
-        row += [f"{ours[v]:.1f}" if ours.get(v) is not None else "-" for v in VARIANTS]
-        row += [f"{PAPER_TABLE[source][v]:.1f}" for v in VARIANTS]
-        rows.append(row)
-    return runs.markdown_table(header, rows)
-
-
-def _by_source(
-    results: Mapping[tuple[Any, ...], Mapping[str, Any]], key: str = "bleu"
-) -> dict[str, dict[str, Any]]:
-    table: dict[str, dict[str, Any]] = {}
-    for (source, attention), summary in results.items():
-        table.setdefault(source, {})[attention] = summary.get(key)
-    return table
-
-
-def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
-    return format_table(_by_source(results))
-
-
-def _plots(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
-    from .. import viz
-
-    table = _by_source(results)
-    sources = [s for s in SOURCES if s in table]
-    ours = {_NAMES[v]: [table[s].get(v) for s in sources] for v in VARIANTS}
-    paper = {_NAMES[v]: [PAPER_TABLE[s][v] for s in sources] for v in VARIANTS}
-    written = [
-        viz.grouped_bars(
-            [s.upper() for s in sources], ours, out / "bleu.png", reference=paper,
-            title="NMT ja->en: BLEU (ours: small_parallel_enja; ticks: paper, WAT)",
-            ylabel="BLEU",
-        )
-    ]  # fmt: skip
-    run_dirs = {
-        f"{s}-{v}": out / f"{s}-{v}"
-        for (s, v) in results
-        if (out / f"{s}-{v}" / "metrics.jsonl").exists()
-    }
-    if run_dirs:
-        written.append(viz.training_curves(run_dirs, out / "training_curves.png", ["perplexity"]))
-    significance = significance_table(out)
-    if significance:  # not a plot, but written and reported with them
-        atomic_write_text(out / "significance.md", significance + "\n")
-        print(significance)
-        written.append(out / "significance.md")
-    return written
 
 
 # ---- Figure 4 -------------------------------------------------------------------------------
@@ -544,7 +435,7 @@ def visualize(
         hypothesis = translate(model, [tokens], vocabs, beam_size=config.beam_size)[0]
         alpha, segments = translation_attention(model, tokens, hypothesis, vocabs)
         rows = [*hypothesis, "</s>"]
-        name = f"{_NAMES[config.attention]} ({config.source})"
+        name = f"{VARIANT_NAMES[config.attention]} ({config.source})"
         panels.append((name, alpha, rows))
         text.append(f"- **{name}**: {' '.join(hypothesis) or '(empty)'}")
         if segments is not None:
@@ -669,13 +560,13 @@ RECIPE = Recipe(
     report=Reporting(
         select=_select,
         summarize=_summarize,
-        table=_table,
+        table=results_table,
         paper={
             "source": "Kim et al. 2017, Table 3 (WAT ja-en)",
             "metric": "BLEU",
             "bleu": PAPER_TABLE,
         },
-        plots=_plots,
+        plots=plot_results,
     ),
     tools=Tools(eval_options=EvalOptions, viz=_viz, viz_options=VizOptions),
 )

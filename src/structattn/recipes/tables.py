@@ -8,37 +8,33 @@ the defaults of a recipe's :class:`~structattn.recipes.base.Reporting` (``select
     select(record) -> float               a run's validation score, higher is better
     summarize(config, records) -> dict     one cell's summary from its records, best first
     table(results) -> str                  our Markdown table beside the paper's
+
+and what a summary reads of a run's own files (:func:`epoch_timing`: ``metrics.jsonl``).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..metrics import seed_spread
+from ..viz.results import markdown_table  # re-exported: the recipes' tables use it
 
 __all__ = [
     "accuracy_metric",
     "best_on_validation",
     "best_run_scores",
+    "epoch_timing",
     "markdown_table",
     "mean_std_text",
     "scores_table",
     "seed_summary",
     "valid_accuracy",
 ]
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A right-aligned Markdown table."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 
 # ---- selection: which run of a cell counts ----------------------------------------------------
@@ -82,6 +78,30 @@ def seed_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "valid": records[0]["valid"],
         "coverage": records[0].get("coverage"),
     }
+
+
+# ---- speed: from a run's metrics.jsonl ----------------------------------------------------------
+def epoch_timing(run_dir: Path, train_tokens: int) -> dict[str, float | None]:
+    """Median seconds per epoch (validation included) and training target tokens per second,
+    from the epochs logged in ``metrics.jsonl`` (across resumes: consecutive epochs only)."""
+    path = run_dir / "metrics.jsonl"
+    epochs = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "epoch":
+                epochs.append((record["epoch"], record["time"]))
+    gaps = [
+        t1 - t0
+        for (e0, t0), (e1, t1) in zip(epochs, epochs[1:], strict=False)
+        if e1 == e0 + 1 and t1 > t0
+    ]
+    if epochs and epochs[0][0] == 1:
+        gaps.append(epochs[0][1])
+    if not gaps:
+        return {"seconds_per_epoch": None, "tokens_per_second": None}
+    seconds = statistics.median(gaps)
+    return {"seconds_per_epoch": seconds, "tokens_per_second": train_tokens / seconds}
 
 
 # ---- tables ------------------------------------------------------------------------------------

@@ -19,7 +19,10 @@
   :func:`training_curves` -- loss, learning rate and validation metrics of one or more
   runs from their ``metrics.jsonl`` (:mod:`.results`);
 * :mod:`.babi` -- bAbI results beside the paper's Table 4 (the markdown table and its bar
-  figures) and Figure 5 for one question (imported on use, not re-exported here);
+  figures) and Figure 5 for one question; :mod:`.mfa` (Liu et al.'s Table 1 and Figure 1),
+  :mod:`.nmt` (SAN Table 3, BLEU significance) and :mod:`.nli` (SAN Table 5) likewise: the
+  recipes' result tables and figures from plain values (imported on use, not re-exported
+  here);
 * :func:`require_matplotlib` -- fail fast, before long work, when plots cannot be drawn;
 * :func:`maximum_spanning_tree` -- re-exported from :mod:`structattn.structs.spanning_tree`
   (no matplotlib).

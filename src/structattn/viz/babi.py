@@ -22,9 +22,18 @@ from ..data.babi import (
     BabiExample,
 )
 from .chains import fact_chain_graph
-from .results import grouped_bars
+from .results import grouped_bars, markdown_table
 
-__all__ = ["figure5", "format_runs", "format_table", "nested_results", "plot_results"]
+__all__ = [
+    "cells_table",
+    "figure5",
+    "format_runs",
+    "format_table",
+    "nested_results",
+    "paper_record",
+    "plot_cells",
+    "plot_results",
+]
 
 
 def nested_results(
@@ -79,12 +88,6 @@ def format_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
             _cell(mean(s["pans"]), mean(s["pfact"])),
         ]
     rows.append(average)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     printed = ", ".join(
         f"{MODEL_NAMES[m]} {_cell(*PAPER_TABLE4_AVERAGE[m.replace('-', '_')])}" for m in models
     )
@@ -92,7 +95,7 @@ def format_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
         "Cells: Ans % / Fact %. AVERAGE: over the tasks in the table (Fact %: without tasks 7, "
         f"8); the paper's printed averages over its 12 tasks: {printed}."
     )
-    return "\n".join([line(header), sep, *(line(r) for r in rows), "", note])
+    return markdown_table(header, rows) + "\n\n" + note
 
 
 def format_runs(results: dict[int, dict[str, dict[str, Any]]]) -> str:
@@ -151,6 +154,32 @@ def plot_results(results: dict[int, dict[str, dict[str, Any]]], out_dir: str | P
             print(f"no plots: {error}", file=sys.stderr)
             break
     return written
+
+
+def cells_table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
+    """The runner's cells ``results[(task, model)]`` as :func:`format_table` (ours beside
+    Table 4) followed by :func:`format_runs` (runs, converged, seconds)."""
+    nested = nested_results(results)
+    return format_table(nested) + "\n\n" + format_runs(nested)
+
+
+def plot_cells(results: Mapping[tuple[Any, ...], Mapping[str, Any]], out: Path) -> list[Path]:
+    """:func:`plot_results` of the runner's cells ``results[(task, model)]``."""
+    return plot_results(nested_results(results), out)
+
+
+def paper_record() -> dict[str, Any]:
+    """Table 4 as ``results.json`` carries it beside ours (JSON keys: tasks as strings, cells
+    as ``[Ans %, Fact %]`` lists per model of :data:`~structattn.data.babi.TABLE_ORDER`)."""
+    return {
+        "source": "Kim et al. 2017, Table 4 (Ans % / Fact %)",
+        "hops": {str(t): k for t, k in PAPER_HOPS.items()},
+        "cells": {
+            m: {str(t): list(v) for t, v in PAPER_TABLE4[m.replace("-", "_")].items()}
+            for m in TABLE_ORDER
+        },
+        "average": {m: list(PAPER_TABLE4_AVERAGE[m.replace("-", "_")]) for m in TABLE_ORDER},
+    }
 
 
 def figure5(

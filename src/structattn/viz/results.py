@@ -1,5 +1,6 @@
 """Result plots: a metric against depth, grouped bars beside the paper's numbers, and
-training curves from runs' ``metrics.jsonl``."""
+training curves from runs' ``metrics.jsonl``; and the Markdown table our result tables are
+printed as (:func:`markdown_table`, no matplotlib)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from typing import Any
 
 from ._common import _SMALL, _new_figure, _output_path, _rc_context, _save
 
-__all__ = ["bar_axis_top", "depth_curves", "grouped_bars", "line_curves", "training_curves"]
+__all__ = [
+    "bar_axis_top",
+    "depth_curves",
+    "grouped_bars",
+    "line_curves",
+    "markdown_table",
+    "training_curves",
+]
 
 # matplotlib's tab10: one colour per model or run (the first five were the original list)
 _COLORS = [
@@ -28,6 +36,17 @@ _COLORS = [
     "#bcbd22",
     "#17becf",
 ]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A right-aligned Markdown table."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 
 def depth_curves(
