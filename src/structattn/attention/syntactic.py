@@ -154,7 +154,6 @@ class SyntacticAttention(nn.Module):
             )
         mask = check_mask("mask", mask, tuple(x.shape[:2]), x.device)
         lengths = prefix_lengths("mask", mask, 1 if self.prepend_root else 2)
-        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding inert: 0 * NaN would leak
         if self.root is not None:
             root = self.root.to(x.dtype).expand(x.shape[0], 1, -1)
             x = torch.cat([root, x], dim=1)
@@ -182,6 +181,10 @@ class SyntacticAttention(nn.Module):
         full, lengths = self._prepare(x, mask)
         arc_scores = self.scorer(full, lengths)  # [B, N', N']
         marginals = self._marginals(arc_scores, lengths)
+        # padding inert: a NaN / inf input there would leak into every sum through 0 * NaN
+        # (the scorer reads each item up to its length only)
+        real = torch.arange(full.shape[1], device=full.device) < lengths.unsqueeze(-1)  # [B, N']
+        full = full.masked_fill(~real.unsqueeze(-1), 0.0)
         parents = torch.bmm(marginals.transpose(1, 2), full)  # c_j = sum_i p(i -> j) x_i
         children = torch.bmm(marginals, full) if self.return_children else None
         if self.root is not None:  # outputs per input word
