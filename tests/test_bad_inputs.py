@@ -74,3 +74,53 @@ def test_syntactic_attention_padding_is_inert(structure: str, junk: float) -> No
     assert out.children is not None and alone.children is not None
     torch.testing.assert_close(out.children[1, :3], alone.children[0])
     torch.testing.assert_close(out.marginals[1, :4, :4], alone.marginals[0])
+
+
+def test_split_tree_brackets_and_spans_of_a_very_long_sentence() -> None:
+    """A 1,000-word sentence with rising distances is a 1,000-deep tree: ``parse prpn`` hit a
+    RecursionError in ``split_tree`` (issue 37.3.11); the tree walks use explicit stacks."""
+    from structattn.trees import split_tree, tree_spans, tree_to_brackets
+
+    n = 3000
+    for attach in ("right", "left"):
+        tree = split_tree(list(range(n)), attach=attach)  # [0, 1, ..., n-1]: a chain
+        spans = tree_spans(tree, include_leaves=True, include_root=True)
+        assert len(spans) == 2 * n - 1 and (0, n) in spans
+        brackets = tree_to_brackets(tree)
+        assert brackets.count("(") == n - 1 and brackets.split()[-1].rstrip(")") == str(n - 1)
+
+
+def _reference_split(values: list[float], lo: int, hi: int, attach: str):  # type: ignore[no-untyped-def]
+    """The recursive SPLIT of the notes (the definition the iterative one must equal)."""
+    if lo >= hi:
+        return None
+    if hi - lo == 1:
+        return lo
+    i = max(range(lo, hi), key=lambda k: (values[k], -k))
+    left, right = (
+        _reference_split(values, lo, i, attach),
+        _reference_split(values, i + 1, hi, attach),
+    )
+
+    def join(a, b):  # type: ignore[no-untyped-def]
+        return b if a is None else a if b is None else (a, b)
+
+    return join(left, join(i, right)) if attach == "right" else join(join(left, i), right)
+
+
+def test_iterative_tree_walks_equal_the_recursive_definitions() -> None:
+    import random
+
+    from structattn.trees import split_tree, tree_spans, tree_to_brackets
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        values = [float(rng.randint(0, 4)) for _ in range(n)]  # ties too
+        for attach in ("right", "left"):
+            tree = split_tree(values, attach=attach)
+            assert tree == _reference_split(values, 0, n, attach)
+            text = str(tree).replace(",", "").replace("'", "")
+            assert tree_to_brackets(tree) == text
+            spans = tree_spans(tree, include_leaves=True, include_root=True)
+            assert len(spans) == 2 * n - 1

@@ -104,7 +104,7 @@ def split_tree(
         attach: side of the split that the chosen token x_i joins.
 
     Returns:
-        nested 2-tuples with the tokens as leaves. Recursion depth is at most T.
+        nested 2-tuples with the tokens as leaves (built without recursion: any T).
 
     Example:
         >>> split_tree([0.5, 0.1, 0.9, 0.2], tokens="a b c d".split())
@@ -128,17 +128,27 @@ def split_tree(
             return left
         return (left, right)
 
-    def split(start: int, end: int) -> Tree | None:  # span [start, end)
-        if start >= end:
-            return None
-        if end - start == 1:
-            return leaves[start]
-        i = max(range(start, end), key=lambda k: (values[k], -k))  # leftmost argmax
-        if attach == "right":
-            return join(split(start, i), join(leaves[i], split(i + 1, end)))
-        return join(join(split(start, i), leaves[i]), split(i + 1, end))
-
-    tree = split(0, len(values))
+    # an explicit stack instead of recursion (a 1,000-word sentence is a 1,000-deep tree):
+    # ("split", start, end) for the span [start, end), ("join", i) to combine the two
+    # results on top of ``done`` around the chosen token i
+    done: list[Tree | None] = []
+    todo: list[tuple[str, int, int]] = [("split", 0, len(values))]
+    while todo:
+        kind, start, end = todo.pop()
+        if kind == "join":
+            right, left = done.pop(), done.pop()
+            if attach == "right":
+                done.append(join(left, join(leaves[start], right)))
+            else:
+                done.append(join(join(left, leaves[start]), right))
+        elif start >= end:
+            done.append(None)
+        elif end - start == 1:
+            done.append(leaves[start])
+        else:
+            i = max(range(start, end), key=lambda k: (values[k], -k))  # leftmost argmax
+            todo += [("join", i, i), ("split", i + 1, end), ("split", start, i)]
+    (tree,) = done
     assert tree is not None
     return tree
 
@@ -152,11 +162,17 @@ def tree_to_brackets(tree: Tree) -> str:
         >>> tree_to_brackets((("a", "b"), "c")), tree_to_brackets("a")
         ('((a b) c)', 'a')
     """
-    if isinstance(tree, tuple):
-        if len(tree) != 2:
-            raise ValueError(f"`tree` nodes must be pairs, got a tuple of length {len(tree)}")
-        return f"({tree_to_brackets(tree[0])} {tree_to_brackets(tree[1])})"
-    return str(tree)
+    parts: list[str] = []
+    todo: list[tuple[bool, Tree | str]] = [(False, tree)]  # (literal text?, item); no recursion
+    while todo:
+        literal, node = todo.pop()
+        if literal or not isinstance(node, tuple):
+            parts.append(str(node))
+            continue
+        if len(node) != 2:
+            raise ValueError(f"`tree` nodes must be pairs, got a tuple of length {len(node)}")
+        todo += [(True, ")"), (False, node[1]), (True, " "), (False, node[0]), (True, "(")]
+    return "".join(parts)
 
 
 def tree_spans(
@@ -173,19 +189,24 @@ def tree_spans(
         [(0, 2), (2, 4)]
     """
     spans: set[tuple[int, int]] = set()
-
-    def walk(node: Tree, start: int) -> int:  # returns the end of node's span
+    # post-order with an explicit stack (deep trees): a node is visited twice, first to
+    # schedule its children, then (``closing``) to record its span [start, end)
+    total = 0  # leaves seen so far
+    todo: list[tuple[Tree, bool, int]] = [(tree, False, 0)]
+    while todo:
+        node, closing, start = todo.pop()
+        if closing:
+            if total - start > 1 or include_leaves:
+                spans.add((start, total))
+            continue
         if isinstance(node, tuple):
             if len(node) != 2:
                 raise ValueError(f"`tree` nodes must be pairs, got a tuple of length {len(node)}")
-            end = walk(node[1], walk(node[0], start))
+            todo += [(node, True, total), (node[1], False, 0), (node[0], False, 0)]
         else:
-            end = start + 1
-        if end - start > 1 or include_leaves:
-            spans.add((start, end))
-        return end
-
-    total = walk(tree, 0)
+            total += 1
+            if include_leaves:
+                spans.add((total - 1, total))
     if not include_root and total > 1:  # only the root spans every leaf
         spans.discard((0, total))
     return spans
