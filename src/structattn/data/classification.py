@@ -245,10 +245,9 @@ class ClassificationBatch:
 def _pad(rows: Sequence[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     import torch
 
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, L]
-    for b, row in enumerate(rows):
-        ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+    from .batching import pad_sequences  # imports torch: not at this module's import
+
+    ids = pad_sequences(rows, pad_id)  # [B, L]
     return ids, torch.tensor([len(r) for r in rows], dtype=torch.long)
 
 

@@ -642,15 +642,13 @@ class Vocabulary(TokenVocabulary):
         (targets)."""
         import torch
 
+        from .batching import pad_sequences  # imports torch: not at this module's import
+
         prefix = ([self.root_id] if add_root else []) + ([self.bos_id] if add_bos else [])
         suffix = [self.eos_id] if add_eos else []
         rows = [prefix + self.encode(seq) + suffix for seq in sequences]
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)  # [B]
-        width = max((len(r) for r in rows), default=0)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # [B, N]
-        for b, row in enumerate(rows):
-            ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)  # [N_b]
-        return ids, lengths
+        return pad_sequences(rows, self.pad_id), lengths  # [B, N]
 
 
 # ----------------------------------------------------------------------------- CLI hook
