@@ -189,6 +189,31 @@ def test_vocabularies_and_batches() -> None:
     )
 
 
+def test_word_vocabulary_without_examples() -> None:
+    """#38.10c: a vocabulary from plain token lists or strings, no ClassificationExample."""
+    words = WordVocabulary.from_sentences([["the", "cat"], "the dog  sat", ("a", "The")])
+    assert words.tokens == ("<pad>", "<unk>", "the", "cat", "dog", "sat", "a", "The")
+    assert words.encode(["the", "bird"]) == [2, words.unk_id]
+    lines = iter(["b a", "b <pad> <unk>", ""])  # any iterable; specials and blanks not words
+    assert WordVocabulary.from_sentences(lines).tokens == ("<pad>", "<unk>", "b", "a")
+    rare = WordVocabulary.from_sentences(["a b", "A c"], min_count=2, lower=True)
+    assert rare.tokens == ("<pad>", "<unk>", "a")
+    assert WordVocabulary.from_sentences(["a b c"], max_size=3).tokens == ("<pad>", "<unk>", "a")
+    assert WordVocabulary.from_sentences([]).tokens == ("<pad>", "<unk>")
+    # the same as build over examples, and a round trip through to_dict
+    examples = [ClassificationExample(("x", "y"), "neutral", pair=("y",))]
+    assert WordVocabulary.build(examples) == WordVocabulary.from_sentences([["x", "y"], ["y"]])
+    assert WordVocabulary.from_dict(words.to_dict()) == words
+    for bad, match in (
+        ({"sentences": "a b"}, "one string"),
+        ({"sentences": [[1, 2]]}, "sentence 0"),
+        ({"sentences": ["a"], "min_count": 0}, "min_count"),
+        ({"sentences": ["a"], "max_size": 1}, "max_size"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            WordVocabulary.from_sentences(**bad)  # type: ignore[arg-type]
+
+
 def test_accuracy_and_confusion_matrix_by_hand() -> None:
     gold = ["entailment", "entailment", "neutral", "contradiction", "neutral", "neutral"]
     pred = ["entailment", "neutral", "neutral", "neutral", "neutral", "contradiction"]

@@ -176,7 +176,15 @@ class LabelVocabulary:
 @dataclass(frozen=True)
 class WordVocabulary(TokenVocabulary):
     """Words of the sentences (and pairs): ``<pad>`` 0, ``<unk>`` 1, then the words by
-    decreasing count (ties: first occurrence). Build it from the training examples."""
+    decreasing count (ties: first occurrence). Build it from the training examples
+    (:meth:`build`) or from any sentences, without examples (:meth:`from_sentences`):
+
+    >>> words = WordVocabulary.from_sentences(["the cat sat", ["the", "dog"]])
+    >>> words.tokens
+    ('<pad>', '<unk>', 'the', 'cat', 'sat', 'dog')
+    >>> words.encode("the bird".split())
+    [2, 1]
+    """
 
     KIND: ClassVar[str] = "structattn.WordVocabulary"
 
@@ -188,27 +196,58 @@ class WordVocabulary(TokenVocabulary):
         max_size: int | None = None,
         lower: bool = False,
     ) -> WordVocabulary:
-        """Words seen at least ``min_count`` times, at most ``max_size`` entries in all;
-        ``lower`` lower-cases them (then encode lower-cased tokens too)."""
+        """Words of the examples' sentences (and pairs) seen at least ``min_count`` times, at
+        most ``max_size`` entries in all; ``lower`` lower-cases them (then encode lower-cased
+        tokens too)."""
+        return cls.from_sentences(
+            (s for ex in examples for s in (ex.tokens, ex.pair or ())),
+            min_count=min_count,
+            max_size=max_size,
+            lower=lower,
+        )
+
+    @classmethod
+    def from_sentences(
+        cls,
+        sentences: Iterable[Sequence[str] | str],
+        min_count: int = 1,
+        max_size: int | None = None,
+        lower: bool = False,
+    ) -> WordVocabulary:
+        """The vocabulary of plain sentences, no :class:`ClassificationExample` needed: each
+        sentence is a sequence of tokens, or a string split on whitespace (tokenise it first,
+        e.g. with :func:`tokenize`, for another rule). Words seen at least ``min_count`` times
+        (a positive int), at most ``max_size`` entries in all (``<pad>`` and ``<unk>``
+        included: at least 2); ``lower`` lower-cases them (then encode lower-cased tokens
+        too). The special tokens are never counted as words."""
+        if isinstance(sentences, str):
+            raise ValueError(
+                "sentences must be an iterable of sentences, got one string (wrap it in a list)"
+            )
+        if not isinstance(min_count, int) or min_count < 1:
+            raise ValueError(f"min_count must be a positive int, got {min_count!r}")
+        if max_size is not None and (not isinstance(max_size, int) or max_size < 2):
+            raise ValueError(f"max_size must be None or an int >= 2, got {max_size!r}")
         counts: Counter[str] = Counter()
-        for ex in examples:
-            for sentence in (ex.tokens, ex.pair or ()):
-                counts.update([t.lower() for t in sentence] if lower else sentence)
+        for k, sentence in enumerate(sentences):
+            tokens = sentence.split() if isinstance(sentence, str) else sentence
+            if not all(isinstance(t, str) for t in tokens):
+                raise ValueError(f"sentence {k} is not a string or a sequence of strings")
+            counts.update([t.lower() for t in tokens] if lower else tokens)
         for special in cls.SPECIALS:
             counts.pop(special, None)
+        counts.pop("", None)
         words = [w for w, c in counts.most_common() if c >= min_count]
         if max_size is not None:
-            words = words[: max(0, max_size - len(cls.SPECIALS))]
+            words = words[: max_size - len(cls.SPECIALS)]
         return cls(cls.SPECIALS + tuple(words))
 
 
 def word_vocabulary(sentences: Iterable[Sequence[str]]) -> WordVocabulary:
     """The words of tokenised ``sentences`` by decreasing count (``<pad>`` 0, ``<unk>`` 1
-    first; ties: first occurrence)."""
-    counts = Counter(w for s in sentences for w in s)
-    for special in WordVocabulary.SPECIALS:
-        counts.pop(special, None)
-    return WordVocabulary(WordVocabulary.SPECIALS + tuple(w for w, _ in counts.most_common()))
+    first; ties: first occurrence): :meth:`WordVocabulary.from_sentences` with its
+    defaults."""
+    return WordVocabulary.from_sentences(sentences)
 
 
 # ----------------------------------------------------------------------------- batches
