@@ -1,14 +1,28 @@
 """structattn.io's data-directory rule: --data-dir, then $STRUCTATTN_DATA, then the user
-cache, then ../shared/data next to the working directory or the checkout; the error text."""
+cache, then ../shared/data next to the working directory or the checkout; the error text;
+and the OS file lock (file_lock)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from structattn.data.babi import default_data_dir as babi_data_dir
-from structattn.io import DATA_ENV, data_dir, data_roots, shared_data_dir, user_data_cache
+from structattn.io import (
+    DATA_ENV,
+    FileLockBusyError,
+    data_dir,
+    data_roots,
+    file_lock,
+    shared_data_dir,
+    user_data_cache,
+)
 
 NAME = "structattn-test-set"  # a data set folder that no real root holds
 
@@ -107,3 +121,102 @@ def test_error_names_the_set_every_place_and_the_fix(
         data_dir(NAME, what="x")
     with pytest.raises(FileNotFoundError, match="--data-dir .*mine is not a folder"):
         data_dir(NAME, what="x", explicit=places["explicit"])
+
+
+# ---- file_lock: the one OS lock of the kernel build and the run directory writer ----------
+_HOLDER = """
+import sys, time
+from structattn.io import file_lock
+with file_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_file_lock_refuses_waits_and_names_the_holder(tmp_path: Path) -> None:
+    """timeout=0 refuses at once, timeout=t waits t seconds, both naming the holder's pid;
+    on_wait is called once; the lock is free again after the block."""
+    path = tmp_path / "sub" / "x.lock"
+    with file_lock(path) as locked:
+        assert locked and path.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(FileLockBusyError, match=rf"pid {os.getpid()}\)") as busy:
+            with file_lock(path, timeout=0):
+                pass  # pragma: no cover
+        assert busy.value.holder == str(os.getpid()) and busy.value.path == path
+        seen: list[str] = []
+        start = time.monotonic()
+        with pytest.raises(FileLockBusyError):
+            with file_lock(path, timeout=0.3, on_wait=seen.append, poll=0.05):
+                pass  # pragma: no cover
+        assert time.monotonic() - start >= 0.3 and seen == [str(os.getpid())]
+    with file_lock(path, timeout=0):
+        pass
+    assert path.exists()  # kept unless remove=True
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_file_lock_waits_for_a_live_holder(tmp_path: Path) -> None:
+    """timeout=None waits until the holder lets go (a thread holding it for 0.3 s)."""
+    path = tmp_path / "x.lock"
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with file_lock(path):
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert entered.wait(10)
+    seen: list[str] = []
+    threading.Timer(0.3, release.set).start()
+    start = time.monotonic()
+    with file_lock(path, on_wait=seen.append):
+        assert time.monotonic() - start >= 0.25
+    thread.join(10)
+    assert seen == [str(os.getpid())]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_file_lock_dies_with_its_holder(tmp_path: Path) -> None:
+    """kill -9 of the holder releases the lock at once (nothing stale to remove)."""
+    path = tmp_path / "x.lock"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        with pytest.raises(FileLockBusyError, match=f"pid {holder.pid}"):
+            with file_lock(path, timeout=0):
+                pass  # pragma: no cover
+        holder.kill()
+        holder.wait(10)
+        with file_lock(path, timeout=5):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_file_lock_remove(tmp_path: Path) -> None:
+    """remove=True deletes the file on release; a waiter that had opened the deleted file
+    locks the new one instead, so two holders never overlap."""
+    path = tmp_path / "x.lock"
+    inside: list[int] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with file_lock(path, remove=True):
+            inside.append(1)
+            entered.set()
+            release.wait(10)
+            inside.remove(1)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert entered.wait(10)
+    threading.Timer(0.2, release.set).start()
+    with file_lock(path, timeout=10, poll=0.01, remove=True):
+        assert not inside and path.exists()
+    thread.join(10)
+    assert not path.exists()

@@ -1,5 +1,5 @@
 """Text files for the data loaders and recipes: atomic writes, UTF-8 reads with line numbers,
-and where the data sets are (:func:`data_dir`).
+an OS file lock (:func:`file_lock`) and where the data sets are (:func:`data_dir`).
 
 The data-directory rule, the same for every recipe and loader (the first that applies wins):
 
@@ -20,15 +20,20 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 __all__ = [
     "DATA_ENV",
     "DataRoot",
+    "FileLockBusyError",
     "atomic_write_text",
     "data_dir",
     "data_roots",
+    "file_lock",
     "read_sentences",
     "read_utf8",
     "shared_data_dir",
@@ -74,6 +79,89 @@ def read_sentences(source: str | os.PathLike[str]) -> list[list[str]]:
         where = "stdin" if str(source) == "-" else source
         raise ValueError(f"{where}: no sentences to parse (one per line, tokens split by spaces)")
     return sentences
+
+
+class FileLockBusyError(TimeoutError):
+    """Another process holds a :func:`file_lock` and did not release it in time.
+    ``holder`` is the process id its holder wrote in the file (``"unknown"`` if none)."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"{path} is locked by another process (pid {holder})")
+        self.path = path
+        self.holder = holder
+
+
+def _holder(fd: int) -> str:
+    """The process id a lock's holder wrote in its file, or ``"unknown"``."""
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:  # pragma: no cover - a file we opened ourselves
+        return "unknown"
+
+
+@contextmanager
+def file_lock(
+    path: str | os.PathLike[str],
+    *,
+    timeout: float | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    remove: bool = False,
+    poll: float = 0.1,
+) -> Iterator[bool]:
+    """Hold an exclusive OS lock (``fcntl.flock``) on ``path`` (created, with its folder)
+    for the block; the holder writes its process id in the file.
+
+    The OS releases the lock when its holder dies (even by ``kill -9``), so a lock never
+    outlives a killed process. ``timeout``: ``None`` waits as long as the holder holds it,
+    ``0`` does not wait, ``t > 0`` waits up to ``t`` seconds; when it runs out,
+    :class:`FileLockBusyError` names the holder's process id. ``on_wait(holder)`` is called
+    once, with that id, before waiting (a progress message). ``remove``: delete the file on
+    release, while still held (a later holder then locks a new file; one that locked the
+    deleted file notices and locks the new one). Yields ``True``; where ``fcntl`` is missing
+    (Windows) nothing is locked and it yields ``False``.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield False
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    announced = False
+    while True:
+        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            if deadline is not None and time.monotonic() >= deadline:
+                os.close(fd)
+                raise FileLockBusyError(target, holder) from None
+            if on_wait is not None and not announced:
+                on_wait(holder)
+            announced = True
+            if deadline is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # the OS wakes us when the holder lets go
+            else:
+                os.close(fd)
+                time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+                continue
+        try:  # the file we locked may have been removed by its last holder: lock the new one
+            same = os.stat(target).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield True
+    finally:
+        if remove:
+            target.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock
 
 
 class DataRoot(NamedTuple):

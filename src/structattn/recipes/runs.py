@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -38,7 +38,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from ..io import atomic_write_text
+from ..io import FileLockBusyError, atomic_write_text, file_lock
 from ..training import ArtefactError, read_json_object, read_jsonl_objects, read_run_config
 from .base import RESUMABLE, Recipe, RecipeConfig
 from .config import config_from_dict, config_to_dict, replace_path
@@ -124,47 +124,26 @@ class RunDirectoryBusyError(FileExistsError):
 
 @contextmanager
 def writer_lock(out_dir: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold the exclusive lock of ``out_dir`` (``fcntl.flock`` on :data:`LOCK_FILE`,
-    released by the OS when the holder dies, even by ``kill -9``); a second writer gets a
-    :class:`RunDirectoryBusyError` at once. Under ``torchrun`` rank 0 holds it for all ranks;
-    where ``fcntl`` is missing (Windows) nothing is locked."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX
-        yield
-        return
+    """Hold the exclusive lock of ``out_dir`` (:func:`structattn.io.file_lock` on
+    :data:`LOCK_FILE`, released by the OS when the holder dies, even by ``kill -9``); a second
+    writer gets a :class:`RunDirectoryBusyError` at once. Under ``torchrun`` rank 0 holds it
+    for all ranks; where ``fcntl`` is missing (Windows) nothing is locked."""
     if rank() != 0:
         yield
         return
     out = Path(out_dir)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_FILE
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RunDirectoryBusyError(
-                f"{out} is being written by another structattn process (pid {holder}); "
-                "wait for it or use another --out"
-            ) from None
-        try:  # the file we locked may have been removed by its last holder: lock the new one
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
+        with ExitStack() as held:
+            try:
+                held.enter_context(file_lock(out / LOCK_FILE, timeout=0, remove=True))
+            except FileLockBusyError as busy:
+                raise RunDirectoryBusyError(
+                    f"{out} is being written by another structattn process (pid "
+                    f"{busy.holder}); wait for it or use another --out"
+                ) from None
+            yield
     finally:
-        path.unlink(missing_ok=True)  # while still held: a later writer locks a new file
-        os.close(fd)
         if created:  # a refused command leaves no empty --out (another writer may fill it)
             with suppress(OSError):
                 out.rmdir()

@@ -42,6 +42,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from ..io import file_lock
+
 __all__ = ["build_kernels", "build_name", "kernels", "kernels_disabled"]
 
 _log = logging.getLogger(__name__)
@@ -149,26 +151,19 @@ def _build_lock(root: Path, name: str) -> Iterator[None]:
     this one is the only structattn process in torch's build: a ``lock`` file found then is
     stale and is removed. Waiting for a live builder is announced once. Without ``fcntl``
     (Windows) torch's own lock alone applies."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
+
+    def waiting(holder: str) -> None:
+        _notify(
+            "structattn: waiting for another process that is building the C++ kernels "
+            f"(pid {holder})"
+        )
+
+    with file_lock(root / f"{name}.flock", on_wait=waiting) as locked:
+        stale = root / name / "lock"
+        if locked and stale.exists():
+            _log.warning("structattn: removing a stale kernel build lock %s", stale)
+            stale.unlink(missing_ok=True)
         yield
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{name}.flock", "a+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _notify("structattn: waiting for another process that is building the C++ kernels")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            stale = root / name / "lock"
-            if stale.exists():
-                _log.warning("structattn: removing a stale kernel build lock %s", stale)
-                stale.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(mode: str) -> ModuleType | None:
