@@ -246,6 +246,40 @@ def test_attn_mask_forms_agree(normalizer: str) -> None:
     torch.testing.assert_close(out2[:, 0], ref[:, 0])
 
 
+@pytest.mark.parametrize("normalizer", NORMALIZERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finfo_min_in_a_float_mask_means_padding(normalizer: str, dtype: torch.dtype) -> None:
+    """#38.8: Hugging Face marks padding with an additive finfo(dtype).min; it used to be a
+    bias for tree heads (outputs differed by 0.11); at or below finfo.min / 2 is padding."""
+    mha = _smha(normalizer, batch_first=True).to(dtype)
+    x = torch.randn(3, 5, E, dtype=dtype)
+    ref, w_ref = mha(x, x, x, key_padding_mask=KPM, average_attn_weights=False)
+    for floor in (torch.finfo(dtype).min, torch.finfo(dtype).min / 2):
+        hf = torch.zeros(3, 5, dtype=dtype).masked_fill(KPM, floor)
+        out, w = mha(x, x, x, key_padding_mask=hf, average_attn_weights=False)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(w, w_ref)
+    # the narrower dtype decides: float32's min in a float64 mask of float32 scores
+    if dtype == torch.float32:
+        wide = torch.zeros(3, 5, dtype=torch.float64).masked_fill(KPM, torch.finfo(dtype).min)
+        torch.testing.assert_close(mha(x, x, x, key_padding_mask=wide)[0], ref)
+    # a large negative value above the floor stays a bias (softmax: the same weights)
+    biased = torch.zeros(3, 5, dtype=dtype).masked_fill(KPM, -1e4)
+    out, w = mha(x, x, x, key_padding_mask=biased, average_attn_weights=False)
+    if normalizer in ("projective", "non-projective", "segmentation"):
+        assert not torch.equal(w, w_ref)  # padded keys stay in the structure, with low scores
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid", "segmentation", "mean-field"])
+def test_finfo_min_in_a_float_attn_mask_means_not_allowed(normalizer: str) -> None:
+    mha = _smha(normalizer, batch_first=True)
+    x = torch.randn(3, 5, E)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    hf = torch.zeros(5, 5).masked_fill(causal, torch.finfo(torch.float32).min)
+    ref, _ = mha(x, x, x, attn_mask=causal, key_padding_mask=KPM)
+    torch.testing.assert_close(mha(x, x, x, attn_mask=hf, key_padding_mask=KPM)[0], ref)
+
+
 def test_float_masks_are_added_to_the_scores() -> None:
     mha = _smha("sigmoid", batch_first=True).double()
     x = torch.randn(2, 4, E, dtype=torch.float64)

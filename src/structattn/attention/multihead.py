@@ -44,7 +44,13 @@ class StructuredMultiheadAttention(nn.Module):
     Masks follow PyTorch's conventions: a boolean ``key_padding_mask``/``attn_mask`` is True
     where attention is NOT allowed; a float mask is added to the scores, ``-inf`` meaning not
     allowed, so a float mask and the equivalent boolean mask give the same result for every
-    head. ``attn_mask`` is ``[L, S]`` or ``[B * num_heads, L, S]``.
+    head. ``attn_mask`` is ``[L, S]`` or ``[B * num_heads, L, S]``. A float mask value at or
+    below ``torch.finfo(dtype).min / 2`` also means not allowed (padding), not a bias, for
+    every head (``dtype``: the narrower of the mask's and the scores' dtypes): Hugging Face
+    models mark padding with ``finfo.min``, which a tree or segmentation head would otherwise
+    take as a very negative score of a key still in its structure (softmax heads give the same
+    weights either way, except in a row with no key allowed: 0 here, uniform in
+    ``nn.MultiheadAttention``).
 
     With scores S = (Q W_q)(K W_k)^T / sqrt(d) per head, each head's weights are
     (:mod:`structattn.attention.normalizers`):
@@ -412,7 +418,10 @@ class StructuredMultiheadAttention(nn.Module):
         allowed = key_lengths = None
         if key_padding_mask is not None:
             keep, bias = split_attention_mask(
-                "key_padding_mask", key_padding_mask, ((batch, source),), scores.dtype
+                "key_padding_mask",
+                _min_as_padding(key_padding_mask, scores.dtype),
+                ((batch, source),),
+                scores.dtype,
             )
             keep = keep.to(device)
             if bias is not None:
@@ -432,7 +441,7 @@ class StructuredMultiheadAttention(nn.Module):
                 )
             keep, bias = split_attention_mask(
                 "attn_mask",
-                attn_mask,
+                _min_as_padding(attn_mask, scores.dtype),
                 ((length, source), (batch * heads, length, source)),
                 scores.dtype,
             )
@@ -547,6 +556,16 @@ class StructuredMultiheadAttention(nn.Module):
             out = out + term if index is None else out.index_add(1, index, term)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
         return out, weights
+
+
+def _min_as_padding(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A float ``mask`` with its values at or below ``finfo.min / 2`` (of the narrower of its
+    dtype and ``dtype``, the scores') set to ``-inf``: padding, as Hugging Face marks it.
+    Other masks (boolean, or not a tensor: the caller's check names them) as they are."""
+    if not isinstance(mask, Tensor) or not mask.is_floating_point():
+        return mask
+    floor = max(torch.finfo(mask.dtype).min, torch.finfo(dtype).min) / 2
+    return mask.masked_fill(mask <= floor, float("-inf"))
 
 
 def _as_range(indices: Sequence[int]) -> tuple[int, int] | None:
