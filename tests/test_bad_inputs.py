@@ -54,7 +54,7 @@ def test_an_empty_split_is_refused(tmp_path: Path) -> None:
         (tmp_path / f"{name}.tsv").write_text("( + 1 2 )\t1 + 2\n")
     assert len(read_splits(tmp_path)["valid"]) == 1
     (tmp_path / "valid.tsv").write_text("")
-    with pytest.raises(ValueError, match=r"valid\.tsv: the valid split has no pairs"):
+    with pytest.raises(ValueError, match=r"valid\.tsv: empty file"):
         read_splits(tmp_path)
 
 

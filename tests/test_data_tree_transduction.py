@@ -306,8 +306,10 @@ def test_read_any_file_in_the_format(tmp_path: Path) -> None:
     ]
     (tmp_path / "no_newline.tsv").write_text("1\t2", encoding="utf-8")
     assert read_pairs(tmp_path / "no_newline.tsv") == [Pair(("1",), ("2",), 0)]
-    (tmp_path / "empty.tsv").write_text("", encoding="utf-8")
-    assert read_pairs(tmp_path / "empty.tsv") == []
+    for text in ("", "\n\n"):  # empty or blank: a cut copy, no longer read as no pairs (#37)
+        (tmp_path / "empty.tsv").write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=r"empty\.tsv: empty file .*structattn data tree"):
+            read_pairs(tmp_path / "empty.tsv")
 
 
 GOOD = "( + 1 2 )\t1 + 2\n"

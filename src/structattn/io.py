@@ -21,7 +21,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -31,8 +31,10 @@ __all__ = [
     "DataRoot",
     "FileLockBusyError",
     "atomic_write_text",
+    "check_splits",
     "data_dir",
     "data_roots",
+    "empty_file_error",
     "file_lock",
     "read_sentences",
     "read_utf8",
@@ -79,6 +81,33 @@ def read_sentences(source: str | os.PathLike[str]) -> list[list[str]]:
         where = "stdin" if str(source) == "-" else source
         raise ValueError(f"{where}: no sentences to parse (one per line, tokens split by spaces)")
     return sentences
+
+
+def empty_file_error(
+    path: str | os.PathLike[str], expected: str, download: str | None = None
+) -> ValueError:
+    """The error of a data file with nothing in it (a cut download or copy, a full disk):
+    ``"<path>: empty file (expected <expected>)"``, and, for a data set that ``structattn
+    download`` fetches (``download``: its name), the command that fetches it again (it
+    replaces files that fail their checksum). Readers raise it rather than return no
+    examples, which a recipe would train or score on without a word."""
+    message = f"{path}: empty file (expected {expected})"
+    if download:
+        message += f"; a cut download or copy? `structattn download {download}` fetches it again"
+    return ValueError(message)
+
+
+def check_splits(splits: Mapping[str, Sized], where: str, optional: tuple[str, ...] = ()) -> None:
+    """``ValueError`` naming the first empty split of ``splits`` (and ``where`` they come
+    from: a folder, a data set) unless it is in ``optional``: an empty training split trains
+    nothing, and an empty validation or test split would score as perfect (perplexity 1,
+    accuracy of nothing). Recipes call it on the splits they load."""
+    for name, examples in splits.items():
+        if len(examples) == 0 and name not in optional:
+            raise ValueError(
+                f"{where}: the {name} split is empty (an empty split trains nothing or scores "
+                "as perfect): check its file, or the sizes and filters that cut it"
+            )
 
 
 class FileLockBusyError(TimeoutError):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from ..io import atomic_write_text, read_utf8, shared_data_dir
+from ..io import atomic_write_text, empty_file_error, read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -307,12 +307,15 @@ def read_babi(
     restarts a story at 1, a sentence or question without words, a question (ends with ``?``)
     without the two TAB fields, a wrong number of TABs, an empty or multi-word answer, no
     supporting fact IDs, or a supporting fact ID that is not an earlier story sentence (not a
-    question) of the same story.
+    question) of the same story. A file with no line (empty or blank: a cut download) raises
+    ``ValueError`` naming it and the ``structattn download babi`` that fetches it again.
     """
     text = read_utf8(path)
     lines = text.split("\n")
     while lines and not lines[-1].strip():
         lines.pop()  # the final newline and blank lines at the end
+    if not lines:
+        raise empty_file_error(path, "bAbI lines '<ID> <text>'", "babi")
     return parse_babi_lines(lines, memory_size=memory_size, source=str(path), task=_task_of(path))
 
 

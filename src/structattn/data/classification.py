@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from ..io import read_utf8, shared_data_dir
+from ..io import empty_file_error, read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -411,18 +411,24 @@ def read_sick(path: str | os.PathLike[str]) -> dict[str, list[ClassificationExam
 
     Errors (``"<path>:<line>: ..."``): a header without the needed columns, a row with
     another number of fields, an unknown label or split, an empty sentence, a score that is
-    not a number.
+    not a number; an empty file or one without a pair after the header (a cut download;
+    the error names ``structattn download sick``).
     """
     text = read_utf8(path)
     lines = text.split("\n")
     if lines and lines[-1] in ("", "\r"):
         lines.pop()
     if not lines:
-        raise ValueError(f"{path}:1: empty file")
+        raise empty_file_error(path, "SICK's header and TAB-separated pairs", "sick")
     header = lines[0].rstrip("\r").split("\t")
     missing = [c for c in (*_SICK_COLUMNS, "relatedness_score", "SemEval_set") if c not in header]
     if missing:
         raise ValueError(f"{path}:1: header lacks the column(s) {missing}")
+    if not any(line.strip() for line in lines[1:]):
+        raise ValueError(
+            f"{path}: no sentence pairs after the header; a cut download or copy? "
+            "`structattn download sick` fetches it again"
+        )
     col = {name: header.index(name) for name in header}
     splits: dict[str, list[ClassificationExample]] = {s: [] for s in _SICK_SPLITS.values()}
     for lineno, line in enumerate(lines[1:], start=2):
@@ -474,10 +480,13 @@ def read_snli(
     and ``labels.<split>`` (InferSent / e-SNLI layout, already tokenised: split on
     whitespace). The files must have the same number of lines; a ``-`` label or an empty
     sentence raises ``ValueError("<file>:<line>: ...")`` (this layout holds gold-labelled
-    pairs only)."""
+    pairs only), and so does an empty file."""
     directory = Path(data_dir)
     paths = [directory / f"{name}.{split}" for name in ("s1", "s2", "labels")]
     s1, s2, labels = (_text_lines(p) for p in paths)
+    for path, lines in zip(paths, (s1, s2, labels), strict=True):
+        if not lines:
+            raise empty_file_error(path, "one sentence or label per line", "snli_devtest")
     if not len(s1) == len(s2) == len(labels):
         raise ValueError(
             f"{directory}: {len(s1)} premises, {len(s2)} hypotheses and {len(labels)} labels "
@@ -514,10 +523,14 @@ def read_snli_jsonl(path: str | os.PathLike[str]) -> tuple[list[ClassificationEx
     label is ``-`` (no majority among the annotators) are skipped and counted in
     ``skipped``; ``index`` is the line's 0-based position, skipped lines included. Tokens
     come from ``sentence1_binary_parse`` / ``sentence2_binary_parse`` when present (SNLI's
-    own tokenisation), else from :func:`tokenize`. Errors name the file and line."""
+    own tokenisation), else from :func:`tokenize`. Errors name the file and line; an empty
+    file is an error (a file of only ``-`` pairs gives ``([], skipped)``: it was read)."""
     examples: list[ClassificationExample] = []
     skipped = 0
-    for lineno, line in enumerate(_text_lines(Path(path)), start=1):
+    lines = _text_lines(Path(path))
+    if not lines:
+        raise empty_file_error(path, "one JSON object per line", "snli")
+    for lineno, line in enumerate(lines, start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
             raise ValueError(f"{where}: empty line")
@@ -647,11 +660,16 @@ def read_sst(
     ``negative`` and 3-4 to ``positive`` (labels of :data:`SST_BINARY_LABELS`);
     ``"fine"`` uses :data:`SST_FINE_LABELS`. ``index`` is the tree's 0-based line index.
     Sentence counts (shared copy): fine 8,544 / 1,101 / 2,210, binary 6,920 / 872 / 1,821.
+    An empty file raises ``ValueError`` naming it (``binary`` of a file of only neutral trees
+    gives ``[]``: the file was read, every tree dropped; recipes refuse the empty split).
     """
     if task not in ("fine", "binary"):
         raise ValueError(f"task must be 'fine' or 'binary', got {task!r}")
+    lines = _text_lines(Path(path))
+    if not lines:
+        raise empty_file_error(path, "SST trees, one per line", "sst")
     out = []
-    for lineno, line in enumerate(_text_lines(Path(path)), start=1):
+    for lineno, line in enumerate(lines, start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
             raise ValueError(f"{where}: empty line")

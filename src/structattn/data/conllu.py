@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..io import atomic_write_text, read_utf8, shared_data_dir
+from ..io import atomic_write_text, empty_file_error, read_utf8, shared_data_dir
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -355,8 +355,13 @@ def parse_conllu(text: str, source: str = "<string>") -> list[ConlluSentence]:
 
 
 def read_conllu(path: str | os.PathLike[str]) -> list[ConlluSentence]:
-    """Read a CoNLL-U file (UTF-8); see :func:`parse_conllu`."""
-    return parse_conllu(read_utf8(path), source=str(path))
+    """Read a CoNLL-U file (UTF-8); see :func:`parse_conllu`. A file with no sentence (empty
+    or blank: a cut download) raises ``ValueError`` naming it (:func:`parse_conllu` of an
+    empty string is ``[]``: a text may hold no sentence, a file of a treebank may not)."""
+    sentences = parse_conllu(read_utf8(path), source=str(path))
+    if not sentences:
+        raise empty_file_error(path, "CoNLL-U sentences", "ud_english_ewt")
+    return sentences
 
 
 def format_conllu(

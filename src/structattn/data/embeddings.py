@@ -159,7 +159,10 @@ def read_word_vectors(
         kept.append(word)
         rows.append(values)
     if dim is None:
-        raise ValueError(f"{path}:1: empty file")
+        raise ValueError(
+            f"{path}:1: empty file; a cut download or copy? `structattn download glove` fetches "
+            "it again"
+        )
     matrix = torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, dim)  # [V, D]
     return WordVectors(tuple(kept), matrix, str(path), duplicates)
 

@@ -92,7 +92,10 @@ def read_lm_lines(path: str | os.PathLike[str]) -> list[list[str]]:
     """
     text = read_utf8(path)
     if not text:
-        raise ValueError(f"{path}: empty corpus file")
+        raise ValueError(
+            f"{path}: empty corpus file; a cut download or copy? `structattn download ptb` (or "
+            "wikitext-2) fetches it again"
+        )
     raw = text.split("\n")
     if raw[-1] == "":
         raw.pop()  # the final newline ends the last line; it does not start a new one

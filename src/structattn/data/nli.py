@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..io import atomic_write_text, shared_data_dir
+from ..io import atomic_write_text, check_splits, shared_data_dir
 from .classification import (
     NLI_LABELS,
     ClassificationExample,
@@ -59,8 +59,7 @@ def load_nli_splits(
         splits = {"train": train, "valid": valid, "test": read_snli(folder, "test")}
     if max_train:
         splits["train"] = splits["train"][:max_train]
-    if not splits["train"] or not splits["valid"] or not splits["test"]:
-        raise ValueError(f"{dataset}: a split has no pairs")
+    check_splits(splits, f"{dataset} in {folder}")
     return splits
 
 

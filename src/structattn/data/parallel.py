@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from ..io import read_utf8, shared_data_dir
+from ..io import empty_file_error, read_utf8, shared_data_dir
 from ._vocab import TokenVocabulary
 
 __all__ = [
@@ -71,11 +71,14 @@ def source_tokens(pair: ParallelPair, unit: SourceUnit) -> tuple[str, ...]:
 def read_lines(path: str | os.PathLike[str], allow_empty: bool = False) -> list[tuple[str, ...]]:
     """The whitespace-separated tokens of every line of a UTF-8 file. Errors name the file and
     line: invalid UTF-8, and (unless ``allow_empty``) an empty or blank line; one final
-    newline is fine."""
+    newline is fine. A file with no line at all is an error even with ``allow_empty`` (a cut
+    download or copy: the error names ``structattn download small_parallel_enja``)."""
     text = read_utf8(path)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline
+    if not lines:
+        raise empty_file_error(path, "one sentence per line", "small_parallel_enja")
     out = []
     for lineno, line in enumerate(lines, 1):
         tokens = tuple(line.split())

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import atomic_write_text, read_utf8
+from ..io import atomic_write_text, empty_file_error, read_utf8
 
 __all__ = [
     "CountingExample",
@@ -124,20 +124,28 @@ def write_examples(path: str | Path, examples: Iterable[CountingExample | Sortin
     return atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
-def _fields(path: str | Path) -> Iterable[tuple[int, str, str]]:
+def _fields(path: str | Path, expected: str) -> list[tuple[int, str, str]]:
+    """(line, first field, second field) of every non-blank line of a two-field TAB file;
+    a file without one (empty: a cut copy) raises ``ValueError`` naming it and ``expected``."""
+    out = []
     for lineno, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         parts = line.split("\t")
         if len(parts) != 2:
             raise ValueError(f"{path}:{lineno}: expected two tab-separated fields, got {line!r}")
-        yield lineno, parts[0].strip(), parts[1].strip()
+        out.append((lineno, parts[0].strip(), parts[1].strip()))
+    if not out:
+        error = empty_file_error(path, expected)
+        raise ValueError(f"{error}; `structattn data mfa --out DIR` writes the data") from None
+    return out
 
 
 def read_counting(path: str | Path) -> list[CountingExample]:
-    """Examples of a ``BITS<TAB>COUNT`` file; the count must be the string's chunk count."""
+    """Examples of a ``BITS<TAB>COUNT`` file; the count must be the string's chunk count.
+    An empty file (or one of blank lines) raises ``ValueError`` naming it."""
     out = []
-    for lineno, bits, count in _fields(path):
+    for lineno, bits, count in _fields(path, "'BITS<TAB>COUNT' lines"):
         if not bits or any(c not in "01" for c in bits):
             raise ValueError(f"{path}:{lineno}: the input must be a non-empty 0/1 string")
         if not count.isdigit() or int(count) != count_chunks(bits):
@@ -150,9 +158,10 @@ def read_counting(path: str | Path) -> list[CountingExample]:
 
 
 def read_sorting(path: str | Path) -> list[SortingExample]:
-    """Examples of an ``x1 x2 ...<TAB>y1 y2 ...`` file; the target must be the sorted input."""
+    """Examples of an ``x1 x2 ...<TAB>y1 y2 ...`` file; the target must be the sorted input.
+    An empty file (or one of blank lines) raises ``ValueError`` naming it."""
     out = []
-    for lineno, source, target in _fields(path):
+    for lineno, source, target in _fields(path, "'x1 x2 ...<TAB>y1 y2 ...' lines"):
         try:
             values = tuple(int(x) for x in source.split())
             wanted = tuple(int(x) for x in target.split())

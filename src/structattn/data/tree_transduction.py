@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
-from ..io import atomic_write_text, read_utf8
+from ..io import atomic_write_text, empty_file_error, read_utf8
 from ._vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -535,12 +535,16 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
     :func:`source_depth` of the source. Empty lines at the end of the file are ignored; any
     other malformed line raises ``ValueError("<path>:<line>: <what is wrong>")``: an empty
     line before the end, no tab, more than one tab, an empty source or target, a leading,
-    trailing or doubled space, or any whitespace other than single spaces (tabs, ``\\r``).
+    trailing or doubled space, or any whitespace other than single spaces (tabs, ``\\r``). A
+    file without a pair (empty: a cut copy) raises ``ValueError`` naming it too.
     """
     text = read_utf8(path)
     lines = text.split("\n")
     while lines and lines[-1] == "":
         lines.pop()  # the final newline and any blank lines at the end
+    if not lines:
+        error = empty_file_error(path, "'source<TAB>target' lines")
+        raise ValueError(f"{error}; `structattn data tree-transduction --out DIR` writes them")
     pairs: list[Pair] = []
     for lineno, line in enumerate(lines, start=1):
         if not line:
@@ -561,16 +565,13 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 def read_splits(data_dir: str | os.PathLike[str]) -> dict[str, list[Pair]]:
     """Read ``train.tsv``, ``valid.tsv`` and ``test.tsv`` from a directory; ``ValueError``
-    naming the file when a split has no pairs."""
+    naming the file when a split has no pairs (:func:`read_pairs` refuses an empty file: an
+    empty validation set would score as perfect, perplexity 1)."""
     directory = Path(data_dir)
     missing = [f"{n}.tsv" for n in SPLIT_NAMES if not (directory / f"{n}.tsv").is_file()]
     if missing:
         raise FileNotFoundError(f"{directory}: missing {', '.join(missing)}")
-    splits = {name: read_pairs(directory / f"{name}.tsv") for name in SPLIT_NAMES}
-    for name, pairs in splits.items():
-        if not pairs:  # an empty validation set would score as perfect (perplexity 1)
-            raise ValueError(f"{directory / f'{name}.tsv'}: the {name} split has no pairs")
-    return splits
+    return {name: read_pairs(directory / f"{name}.tsv") for name in SPLIT_NAMES}
 
 
 # ----------------------------------------------------------------------------- vocabulary

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..io import read_utf8, shared_data_dir
+from ..io import empty_file_error, read_utf8, shared_data_dir
 from ..trees import split_tree, tree_spans
 
 __all__ = [
@@ -165,8 +165,12 @@ def parse_mrg(text: str, path: str = "<string>") -> list[TreebankSentence]:
 
 
 def read_mrg(path: str | os.PathLike[str]) -> list[TreebankSentence]:
-    """The preprocessed trees of one ``.mrg`` file."""
-    return parse_mrg(read_utf8(path), str(path))
+    """The preprocessed trees of one ``.mrg`` file; a file without a tree (empty: a cut
+    download or copy) raises ``ValueError`` naming it."""
+    sentences = parse_mrg(read_utf8(path), str(path))
+    if not sentences:
+        raise empty_file_error(path, "bracketed Penn Treebank trees", "nltk_treebank_sample")
+    return sentences
 
 
 def load_treebank(

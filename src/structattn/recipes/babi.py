@@ -45,6 +45,7 @@ from ..data.babi import (
     padded_widths,
     write_predictions,
 )
+from ..io import check_splits
 from ..models import MEMORY_MODELS, MemoryQA
 from ..models.memory_qa import (
     CRF_LINEAR_STARTS,
@@ -199,8 +200,9 @@ def load_data(config: BabiConfig) -> tuple[dict[str, list[BabiExample]], BabiVoc
         config.split_seed,
         config.memory_size,
     )
-    if not splits["train"]:
-        raise ValueError(f"task {config.task}: the training file has no questions")
+    # no validation split is what valid_fraction = 0 asks for; any other empty split is refused
+    optional = ("valid",) if config.valid_fraction == 0 else ()
+    check_splits(splits, f"bAbI task {config.task}", optional)
     return splits, BabiVocabulary.build(splits["train"] + splits["valid"])
 
 

@@ -44,6 +44,7 @@ from ..data.classification import (
     read_sst,
 )
 from ..data.embeddings import build_embedding_matrix, default_glove_path, read_word_vectors
+from ..io import check_splits
 from ..models.lstmn_text import SentenceClassifier
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
@@ -127,6 +128,7 @@ def load_splits(config: LSTMNSSTConfig) -> dict[str, list[ClassificationExample]
         examples = list(_read_sst(str(directory / name), config.task, phrases))
         size = config.train_size if split == "train" else config.eval_size
         splits[split] = examples[:size] if size else examples
+    check_splits(splits, f"SST ({config.task}) in {directory}")
     return splits
 
 

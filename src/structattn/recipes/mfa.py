@@ -47,6 +47,7 @@ from ..data.synthetic import (
     write_examples,
 )
 from ..data.synthetic_batches import PAD, SyntheticBatch, collate, example_length
+from ..io import check_splits
 from ..metrics import mean_std_range
 from ..models import (
     ChunkCounter,
@@ -168,7 +169,9 @@ def load_data(config: MFAConfig) -> dict[str, list[Any]]:
         missing = [s for s in ("train", "valid", "test") if not (root / f"{s}.tsv").exists()]
         if missing:
             raise FileNotFoundError(f"{root} has no {', '.join(s + '.tsv' for s in missing)}")
-        return {s: list(reader(root / f"{s}.tsv")) for s in ("train", "valid", "test")}
+        splits = {s: list(reader(root / f"{s}.tsv")) for s in ("train", "valid", "test")}
+        check_splits(splits, str(root))
+        return splits
     lo, hi, top = config.lengths
     train_lengths, test_lengths = range(lo, hi + 1), range(1, top + 1)
     seed = config.data_seed

@@ -46,7 +46,7 @@ from ..data.translation import (
     collate,
     vocabularies,
 )
-from ..io import atomic_write_text
+from ..io import atomic_write_text, check_splits
 from ..metrics import bleu, chrf
 from ..models import (
     Seq2Seq,
@@ -166,6 +166,7 @@ def load_data(config: NMTConfig) -> tuple[dict[str, list[ParallelPair]], dict[st
         splits["valid"] = splits["valid"][: config.valid_size]
     if config.test_size:
         splits["test"] = splits["test"][: config.test_size]
+    check_splits(splits, f"{root} (after the length filter)")
     return splits, reports
 
 
