@@ -262,10 +262,15 @@ def _record_weights(module: StructuredSelfAttention) -> None:
 def _self_attention_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, module) of each self-attention module of ``model``, in order:
     the BERT-style ones (``query`` / ``key`` / ``value``, a class name ending in
-    ``SelfAttention``) and those already structured."""
+    ``SelfAttention``) and those already structured; none inside a ``crossattention``
+    (transformers 4 gave cross-attention ``BertSelfAttention`` modules too)."""
     found = []
-    for parent in model.modules():
+    for path, parent in model.named_modules():
+        if "crossattention" in path.split("."):
+            continue
         for name, child in parent.named_children():
+            if name == "crossattention":
+                continue
             structured = isinstance(child, StructuredSelfAttention)
             if structured or (
                 type(child).__name__.endswith("SelfAttention")
@@ -322,7 +327,7 @@ def structure_attention(
     for layer, (parent, name, module) in enumerate(found):
         heads = _heads_of(normalizer, len(found), layer)
         if isinstance(module, StructuredSelfAttention):  # back to the projections it holds
-            module = _as_hf_like(module)
+            module = _HFLike(module)
         try:
             replaced.append(
                 (
@@ -353,7 +358,7 @@ def structure_attention(
 
 class _HFLike(nn.Module):
     """The query / key / value maps of a :class:`StructuredSelfAttention` under BERT's names
-    (views of its packed weights), to give it other heads."""
+    (copies of its packed weights), to give it other heads."""
 
     def __init__(self, module: StructuredSelfAttention) -> None:
         super().__init__()
@@ -372,10 +377,6 @@ class _HFLike(nn.Module):
         self.dropout = nn.Dropout(mha.dropout)
         self.is_causal = module.is_causal
         self.train(module.training)
-
-
-def _as_hf_like(module: StructuredSelfAttention) -> nn.Module:
-    return _HFLike(module)
 
 
 _CLASSES: dict[type, type] = {}
