@@ -88,7 +88,7 @@ def read_lm_lines(path: str | os.PathLike[str]) -> list[list[str]]:
     Blank lines give empty lists (they still get an ``<eos>`` in the stream); the final
     newline does not make a line. Raises ``ValueError("<path>:<line>: ...")`` on invalid
     UTF-8, a carriage return, a control character (other than tab) or the token ``<eos>``.
-    An empty file raises ``ValueError`` too.
+    An empty file, or one of blank lines only, raises ``ValueError`` too.
     """
     text = read_utf8(path)
     if not text:
@@ -114,6 +114,11 @@ def read_lm_lines(path: str | os.PathLike[str]) -> list[list[str]]:
                 f"{path}:{lineno}: the token {EOS} is reserved (it is appended to every line)"
             )
         lines.append(tokens)
+    if not any(lines):  # blank lines only: a stream of <eos> would score as near perfect
+        raise ValueError(
+            f"{path}: no words, only blank lines; a cut download or copy? `structattn "
+            "download ptb` (or wikitext-2) fetches it again"
+        )
     return lines
 
 
