@@ -12,7 +12,11 @@ from oracles import count_nonprojective, count_projective, trees
 from torch import Tensor
 from torch.autograd import gradcheck
 
-from structattn.distributions import DependencyCRF, NonProjectiveDependencyCRF
+from structattn.distributions import (
+    DependencyCRF,
+    NonProjectiveDependencyCRF,
+    SecondOrderDependencyCRF,
+)
 from structattn.distributions.dependency import LabelledHeads, TreeCRFBase
 
 NEG_INF = float("-inf")
@@ -289,3 +293,119 @@ def test_labelled_errors(cls: type[TreeCRFBase]) -> None:
         cls(torch.randn(1, 4, 3, 2))
     cycle = torch.tensor([[-1, 2, 1, 2]])
     assert torch.isneginf(dist.log_prob(cycle, torch.zeros(1, 4, dtype=torch.long)))
+
+
+# ---- second-order (adjacent sibling) trees ---------------------------------------------------
+def sibling_triples(heads: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(h, m, s) for every adjacent pair of children s, m of h on one side, s nearer h."""
+    full = (-1, *heads)
+    out = []
+    for h in range(len(full)):
+        right = [m for m in range(1, len(full)) if full[m] == h and m > h]
+        left = [m for m in range(len(full) - 1, 0, -1) if full[m] == h and m < h]
+        for side in (right, left):
+            out += [(h, outer, inner) for inner, outer in zip(side, side[1:], strict=False)]
+    return out
+
+
+def second_order_score(arcs: Tensor, sibs: Tensor, heads: tuple[int, ...]) -> Tensor:
+    total = sum(arcs[h, m] for m, h in enumerate(heads, 1))
+    return total + sum((sibs[t] for t in sibling_triples(heads)), torch.zeros((), dtype=arcs.dtype))
+
+
+@MULTIROOT
+@pytest.mark.parametrize("n_words", [1, 2, 3, 4, 5])
+def test_second_order_against_enumeration(multiroot: bool, n_words: int) -> None:
+    gen = torch.Generator().manual_seed(n_words + 20 * multiroot)
+    size = n_words + 1
+    arcs = torch.randn(3, size, size, dtype=torch.float64, generator=gen)
+    sibs = torch.randn(3, size, size, size, dtype=torch.float64, generator=gen)
+    sibs[2] = sibs[2].masked_fill(torch.rand(size, size, size, generator=gen) < 0.3, NEG_INF)
+    lengths = torch.tensor([size, max(size - 1, 2), size])
+    dist = SecondOrderDependencyCRF(arcs, sibs, lengths=lengths, multiroot=multiroot)
+    for b, length in enumerate(lengths.tolist()):
+        support = list(trees(length - 1, True, multiroot))
+        values = torch.stack([second_order_score(arcs[b], sibs[b], t) for t in support])
+        logz = torch.logsumexp(values, 0)
+        probs = (values - logz).exp()
+        arc_marg = torch.zeros(size, size, dtype=torch.float64)
+        sib_marg = torch.zeros(size, size, size, dtype=torch.float64)
+        for t, p in zip(support, probs, strict=True):
+            for m, h in enumerate(t, 1):
+                arc_marg[h, m] += p
+            for triple in sibling_triples(t):
+                sib_marg[triple] += p
+        torch.testing.assert_close(dist.log_partition[b], logz)
+        torch.testing.assert_close(dist.marginals[b], arc_marg)
+        torch.testing.assert_close(dist.sibling_marginals[b], sib_marg)
+        finite = probs > 0
+        torch.testing.assert_close(dist.entropy[b], -(probs[finite] * probs[finite].log()).sum())
+        torch.testing.assert_close(dist.max_score[b], values.max())
+        best = tree_of(dist.argmax[b], length)
+        assert best in support
+        assert float(second_order_score(arcs[b], sibs[b], best)) == pytest.approx(
+            float(values.max())
+        )
+        heads = dist.argmax.clone()
+        pick = len(support) // 2
+        heads[b, 1:length] = torch.tensor(support[pick])
+        torch.testing.assert_close(dist.log_prob(heads)[b], values[pick] - logz)
+
+
+def test_second_order_zero_siblings_is_first_order() -> None:
+    arcs = torch.randn(2, 6, 6, dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    first = DependencyCRF(arcs, lengths=lengths, multiroot=False)
+    second = SecondOrderDependencyCRF(
+        arcs, torch.zeros(2, 6, 6, 6, dtype=torch.float64), lengths=lengths, multiroot=False
+    )
+    torch.testing.assert_close(second.log_partition, first.log_partition)
+    torch.testing.assert_close(second.marginals, first.marginals)
+    assert torch.equal(second.argmax, first.argmax)
+
+
+def test_second_order_samples_and_crossing() -> None:
+    gen = torch.Generator().manual_seed(5)
+    arcs = torch.randn(1, 4, 4, dtype=torch.float64, generator=gen)
+    sibs = torch.randn(1, 4, 4, 4, dtype=torch.float64, generator=gen) * 2
+    dist = SecondOrderDependencyCRF(arcs, sibs)
+    n = 3000
+    counts = Counter(tuple(h[0].tolist()) for h in dist.sample(n))
+    for heads, count in counts.items():
+        p = float(dist.log_prob(torch.tensor([heads])).exp())
+        assert abs(count / n - p) < 4 * (p / n) ** 0.5 + 1e-3
+    crossing = SecondOrderDependencyCRF(torch.zeros(1, 5, 5), torch.zeros(1, 5, 5, 5))
+    assert torch.isneginf(crossing.log_prob(torch.tensor([[-1, 3, 4, 0, 0]])))
+
+
+def test_second_order_gradients_and_stability() -> None:
+    arcs = torch.randn(2, 5, 5, dtype=torch.float64, requires_grad=True)
+    sibs = torch.randn(2, 5, 5, 5, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([5, 3])
+    gradcheck(
+        lambda a, s: SecondOrderDependencyCRF(a, s, lengths=lengths).log_partition, (arcs, sibs)
+    )
+    gradcheck(lambda a, s: SecondOrderDependencyCRF(a, s, lengths=lengths).marginals, (arcs, sibs))
+    dist = SecondOrderDependencyCRF(arcs, sibs, lengths=lengths)
+    grad_arcs, grad_sibs = torch.autograd.grad(dist.log_partition.sum(), (arcs, sibs))
+    torch.testing.assert_close(grad_arcs, dist.marginals.detach())
+    torch.testing.assert_close(grad_sibs, dist.sibling_marginals.detach())
+    big = SecondOrderDependencyCRF(torch.randn(2, 7, 7) * 1e4, torch.randn(2, 7, 7, 7) * 1e4)
+    assert torch.isfinite(big.log_partition).all() and torch.isfinite(big.marginals).all()
+    assert torch.isfinite(big.entropy).all()
+    none = torch.zeros(1, 4, 4)
+    none[0, :, 2] = NEG_INF  # word 2 has no head
+    empty = SecondOrderDependencyCRF(none, torch.zeros(1, 4, 4, 4))
+    assert torch.isneginf(empty.log_partition).all() and (empty.marginals == 0).all()
+    assert (empty.argmax == -1).all() and (empty.entropy == 0).all()
+
+
+def test_second_order_errors() -> None:
+    with pytest.raises(ValueError, match="`sibling_scores` must have shape"):
+        SecondOrderDependencyCRF(torch.randn(1, 4, 4), torch.randn(1, 4, 4, 3))
+    with pytest.raises(ValueError, match="`sibling_scores` must have the dtype"):
+        SecondOrderDependencyCRF(torch.randn(1, 4, 4), torch.randn(1, 4, 4, 4).double())
+    with pytest.raises(ValueError, match="`arc_scores` must have 3 dimensions"):
+        SecondOrderDependencyCRF(torch.randn(1, 4, 4, 2), torch.randn(1, 4, 4, 4))
+    with pytest.raises(ValueError, match="`sibling_scores` contains NaN"):
+        SecondOrderDependencyCRF(torch.randn(1, 4, 4), torch.full((1, 4, 4, 4), float("nan")))
