@@ -409,3 +409,21 @@ def test_second_order_errors() -> None:
         SecondOrderDependencyCRF(torch.randn(1, 4, 4, 2), torch.randn(1, 4, 4, 4))
     with pytest.raises(ValueError, match="`sibling_scores` contains NaN"):
         SecondOrderDependencyCRF(torch.randn(1, 4, 4), torch.full((1, 4, 4, 4), float("nan")))
+
+
+def test_tree_ops_benchmark_runs() -> None:
+    """benchmarks/tree_ops.py (run.py --only treeops): every row timed, ours at least."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module("tree_ops")
+        rows = module.run_rows(2, (5,), repeats=1, warmup=0, k=2, labels=2)
+    finally:
+        sys.path.remove(folder)
+    assert len(rows) == 6
+    assert all(row.ms["ours"] > 0 for row in rows)
+    assert all(err < 1e-4 for row in rows for err in row.agree.values())
