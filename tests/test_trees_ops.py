@@ -427,3 +427,22 @@ def test_tree_ops_benchmark_runs() -> None:
     assert len(rows) == 6
     assert all(row.ms["ours"] > 0 for row in rows)
     assert all(err < 1e-4 for row in rows for err in row.agree.values())
+
+
+@CLASSES
+def test_labelled_structured_nll(cls: type[TreeCRFBase]) -> None:
+    """The parser loss takes labelled gold trees; an impossible one is named in the error."""
+    from structattn import structured_nll
+
+    scores = torch.randn(2, 5, 5, 3, dtype=torch.float64, requires_grad=True)
+    dist = cls(scores, lengths=torch.tensor([5, 4]))
+    gold = LabelledHeads(
+        torch.tensor([[-1, 0, 1, 2, 3], [-1, 0, 1, 2, -1]]), torch.ones(2, 5).long()
+    )
+    loss = structured_nll(dist, gold, reduction="sum")
+    torch.testing.assert_close(loss, -dist.log_prob(gold).sum())
+    loss.backward()
+    assert torch.isfinite(scores.grad).all()
+    cycle = LabelledHeads(torch.tensor([[-1, 2, 1, 2, 3], [-1, 0, 1, 2, -1]]), gold.labels)
+    with pytest.raises(ValueError, match="item 0: not a tree"):
+        structured_nll(cls(scores.detach(), lengths=torch.tensor([5, 4])), cycle)
