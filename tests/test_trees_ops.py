@@ -206,6 +206,8 @@ def test_labelled_against_enumeration(
             for r in range(len(ref))
         }
         assert len(found) == len(ref)
+        assert torch.isneginf(top_scores[len(ref) :, b]).all()  # k > number of labelled trees
+        assert (top.heads[len(ref) :, b] == -1).all() and (top.labels[len(ref) :, b] == -1).all()
     torch.testing.assert_close(
         dist.log_prob(best.heads, best.labels), dist.max_score - dist.log_partition
     )
