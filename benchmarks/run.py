@@ -57,6 +57,8 @@ from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
 
 SECTIONS = ("tree", "chain", "nonproj")
+# sections run only when named by --only (their own table: benchmarks/tree_ops.py)
+EXTRA_SECTIONS = ("treeops",)
 OPS = {
     "tree": ("logz_fb", "marg_fb", "argmax"),
     "chain": ("logz_fb", "marg", "marg_fb"),
@@ -186,6 +188,7 @@ class Results:
     memory: list[dict[str, Any]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
     rates: Rates | None = None  # the machine's measured peak rates (bound.py)
+    tree_ops: list[dict[str, Any]] = field(default_factory=list)  # tree_ops.py's rows
 
     @property
     def failures(self) -> list[Check]:
@@ -218,6 +221,7 @@ class Results:
             "memory": self.memory,
             "messages": self.messages,
             "rates": None if self.rates is None else self.rates.as_dict(),
+            "tree_ops": self.tree_ops,
             "failures": len(self.failures),
             "our_failures": len(self.our_failures),
         }
@@ -709,7 +713,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repeats (CI smoke)")
     parser.add_argument(
-        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+        "--only",
+        action="append",
+        choices=SECTIONS + EXTRA_SECTIONS,
+        help="run only this section (repeatable; treeops: k-best, labelled and second-order "
+        "trees, run only when named)",
     )
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 9)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls (default 2)")
@@ -733,7 +741,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     quick = bool(args.quick)
     return Settings(
-        sections=tuple(s for s in SECTIONS if not args.only or s in args.only),
+        sections=tuple(s for s in SECTIONS + EXTRA_SECTIONS if s in (args.only or SECTIONS)),
         batch=args.batch or (4 if quick else 32),
         repeats=args.repeats or (2 if quick else 9),
         warmup=args.warmup if args.warmup is not None else (1 if quick else 2),
@@ -768,6 +776,8 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
     )
     plan: list[tuple[str, list[Adapter], list[Problem]]] = []
     for section in settings.sections:
+        if section in EXTRA_SECTIONS:
+            continue
         adapters, skipped = adapters_for(section)
         for message in skipped:
             _say(f"[{section}] {message}")
@@ -788,6 +798,17 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
             f"median of {settings.back_to_back} back-to-back calls per repeat)\n"
         )
         _say(format_table(results, section))
+    if "treeops" in settings.sections:
+        import tree_ops
+
+        sizes = (6,) if settings.quick else (10, 20, 40)
+        labels = 3 if settings.quick else 20
+        rows = tree_ops.run_rows(
+            settings.batch, sizes, settings.repeats, settings.warmup, 5, labels
+        )
+        results.tree_ops = tree_ops.to_json(rows)
+        _say(f"\n## treeops  (median ms over {settings.repeats} interleaved repeats)\n")
+        _say(tree_ops.format_table(rows))
     memory = format_memory(results)
     if memory:
         _say("\n## peak extra memory (torch.profiler allocator events)\n")

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, Semiring
+from ..structs.kbest_trees import arborescence_kbest
 from ..structs.nonprojective import (
     chu_liu_edmonds,
     matrix_tree_log_partition,
@@ -101,27 +102,41 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
     @cached_property
     def argmax(self) -> Tensor:
         """Heads of the highest-scoring tree, LongTensor [B, N] (``-1`` at ROOT, padding and
-        for items with no valid tree)."""
+        for items with no valid tree). Labelled trees: a :class:`LabelledHeads` (heads and
+        labels [B, N]): the best tree under each arc's best label score, with those labels."""
+        if self.label_scores is not None:
+            return self._labelled_argmax()  # type: ignore[return-value]
         (arcs,) = self._parts(self.arc_scores.detach())
         return chu_liu_edmonds(arcs, self.lengths, self.multiroot)
 
     @cached_property
     def max_score(self) -> Tensor:
         """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid)."""
+        if self.label_scores is not None:
+            return self._labelled_max_score()
         with torch.no_grad():  # -1 (no tree) gives -inf
             return self._tree_score(self.argmax)
 
-    def log_prob(self, heads: Tensor) -> Tensor:
+    def log_prob(self, heads: Tensor, labels: Tensor | None = None) -> Tensor:
         """log p(tree), shape [B]; ``heads`` LongTensor [B, N] (entries at ROOT and padding
-        ignored); ``-inf`` when ``heads`` is not a valid tree (also for items with no tree,
-        where ``score - log Z`` would be ``-inf - -inf``)."""
-        score = self._score(heads)
-        return torch.where(torch.isneginf(score), score, score - self.log_partition)
+        ignored), and ``labels`` [B, N] for labelled trees (or ``heads`` a
+        :class:`LabelledHeads`); ``-inf`` when ``heads`` is not a valid tree (also for items
+        with no tree, where ``score - log Z`` would be ``-inf - -inf``)."""
+        return super().log_prob(heads, labels)
 
     def sample(self, n: int = 1) -> Tensor:
         """``n`` exact samples of heads, LongTensor [n, B, N] (``-1`` at ROOT and padding, and
-        everywhere for items with no valid tree). Uses the global torch RNG."""
+        everywhere for items with no valid tree); labelled trees: a :class:`LabelledHeads` of
+        [n, B, N] each (each arc's label drawn from the softmax of its label scores). Uses the
+        global torch RNG."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` must be a positive int, got {n!r}")
         (arcs,) = self._parts(self.arc_scores.detach())
-        return matrix_tree_sample(arcs, self.lengths, self.multiroot, n)
+        heads = matrix_tree_sample(arcs, self.lengths, self.multiroot, n)
+        if self.label_scores is None:
+            return heads
+        return self._sample_labels(heads)  # type: ignore[return-value]
+
+    def _kbest_heads(self, k: int) -> Tensor:
+        (arcs,) = self._parts(self.arc_scores.detach())
+        return arborescence_kbest(arcs, self.lengths, self.multiroot, k)

@@ -1,0 +1,148 @@
+"""Second-order projective dependency trees: Eisner's algorithm with adjacent siblings
+(McDonald & Pereira 2006), in any semiring.
+
+Shapes: ``arc_scores`` [B, N, N] (position 0 is ROOT, ``arc_scores[b, h, m]`` scores the
+arc h -> m), ``sibling_scores`` [B, N, N, N] with ``sibling_scores[b, h, m, s]`` the score of
+the head h taking the modifier m right after the modifier s on the same side, s strictly
+between h and m (s is m's inner sibling: no child of h lies between s and m). The child of h
+closest to h on each side has no sibling score. ``lengths`` [B] counts positions incl. ROOT.
+
+The charts, for s < t (complete spans as in :mod:`structattn.structs.dependency`):
+
+* ``I(s -> t) = arc(s, t) + ⊕{ C_L(s+1, t) [t is s's first right child],
+  ⊕_{s<r<t} I(s -> r) + S(r, t) + sib(s, t, r) }``
+* ``I(t -> s) = arc(t, s) + ⊕{ C_R(s, t-1) [s is t's first left child],
+  ⊕_{s<r<t} S(s, r) + I(t -> r) + sib(t, s, r) }``
+* ``S(s, t) = ⊕_{s<=u<t} C_R(s, u) + C_L(u+1, t)`` (two adjacent siblings' facing halves)
+* ``C_R(s, t) = ⊕_{s<r<=t} I(s -> r) + C_R(r, t)``, ``C_L(s, t) = ⊕_{s<=r<t} C_L(s, r) + I(t -> r)``
+
+Each width is one batched step over its N - w spans: time O(B N^3), memory O(B N^2) for the
+charts (O(B N^3) with the sibling scores and autograd's graph).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from .._precision import full_precision
+from .._validation import last_index
+from ..semirings import Semiring
+from .dependency import _arcs_by_width
+
+__all__ = ["second_order_inside", "sibling_score"]
+
+
+@functools.lru_cache(maxsize=64)
+def _sibling_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
+    """Flat [N * N * N] positions of the sibling scores read by widths 2..N-1: per width the
+    n = N - w spans s..t and their w - 1 inner siblings r = s + 1 + j, first (h = s, m = t, r)
+    then (h = t, m = s, r); and the per-width counts."""
+    index, counts = [], []
+    for w in range(2, size):
+        start = torch.arange(size - w, device=device).unsqueeze(1)  # [n, 1]
+        inner = start + 1 + torch.arange(w - 1, device=device)  # [n, w-1]
+        end = start + w
+        index += [((start * size + end) * size + inner).flatten()]
+        index += [((end * size + start) * size + inner).flatten()]
+        counts.append(2 * (size - w) * (w - 1))
+    if not index:
+        return torch.zeros(0, dtype=torch.long, device=device), []
+    return torch.cat(index), counts
+
+
+def _siblings_by_width(sibling_scores: Tensor) -> dict[int, Tensor]:
+    """``out[w]`` [B, 2, n, w - 1] for w >= 2: (sib(s, t, s+1+j), sib(t, s, s+1+j))."""
+    batch, size = sibling_scores.shape[:2]
+    index, counts = _sibling_index(size, sibling_scores.device)
+    flat = sibling_scores.reshape(batch, size**3).index_select(1, index)
+    return {
+        w: part.view(batch, 2, size - w, w - 1)
+        for w, part in zip(range(2, size), flat.split(counts, 1), strict=True)
+    }
+
+
+@full_precision
+def second_order_inside(
+    arc_scores: Tensor,
+    sibling_scores: Tensor,
+    lengths: Tensor | None,
+    semiring: type[Semiring],
+) -> Tensor:
+    """⊕ over projective trees of arc + adjacent-sibling scores, shape [B] (differentiable by
+    autograd: in the log semiring the gradients are the arc and sibling marginals).
+
+    ``arc_scores`` must already have ``-inf`` in column 0 and on the diagonal; a single-root
+    constraint is ``sibling_scores[:, 0] = -inf`` (ROOT then takes only a first child).
+    Stripes [B, n, w] (n = N - w spans of width w, j < w), rebuilt by one ``cat`` a width:
+      comp_s = (C_L(i, i+j), C_R(i, i+j)), comp_e = (C_L(i+1+j, i+w), C_R(i+1+j, i+w))
+      inc_s[b, i, j] = I(i -> i+1+j), inc_e[b, i, j] = I(i+w -> i+j)
+      sib_s[b, i, j] = S(i, i+1+j), sib_e[b, i, j] = S(i+j, i+w)
+    """
+    batch, size, _ = arc_scores.shape
+    last = last_index(lengths, batch, size, arc_scores.device)
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (s -> t, t -> s)
+    sibs = _siblings_by_width(sibling_scores)  # per width >= 2 [B, 2, n, w-1]
+    comp_s = arc_scores.new_zeros(batch, 2, size - 1, 1)
+    comp_e = comp_s
+    inc_s = inc_e = sib_s = sib_e = arc_scores.new_zeros(batch, size, 0)  # [B, n + 1, w - 1]
+    tops = []
+    for w in range(1, size):
+        n = size - w
+        # S(s, t) = ⊕_j C_R(s, s+j) + C_L(s+j+1, t)                                   [B, n]
+        sib_new = semiring.sum(comp_s[:, 1] + comp_e[:, 0], dim=-1)
+        # first children: I(s -> t) from C_L(s+1, t), I(t -> s) from C_R(s, t-1)   [B, 2, n]
+        first = torch.stack([comp_e[:, 0, :, 0], comp_s[:, 1, :, w - 1]], 1)
+        if w == 1:
+            inc = first + arcs[w]
+        else:
+            # the inner sibling r = s+1+j, j < w-1: I(s -> r) + S(r, t) + sib(s, t, r) and
+            # S(s, r) + I(t -> r) + sib(t, s, r)                                [B, 2, n, w-1]
+            right = inc_s[:, :n] + sib_e[:, 1:]
+            left = sib_s[:, :n] + inc_e[:, 1:]
+            terms = torch.stack([right, left], 1) + sibs[w]
+            inc = semiring.sum(torch.cat([first.unsqueeze(-1), terms], -1), dim=-1) + arcs[w]
+        inc_s = torch.cat([inc_s[:, :n], inc[:, 0, :, None]], -1)
+        inc_e = torch.cat([inc[:, 1, :, None], inc_e[:, 1:]], -1)
+        sib_s = torch.cat([sib_s[:, :n], sib_new[..., None]], -1)
+        sib_e = torch.cat([sib_new[..., None], sib_e[:, 1:]], -1)
+        # C_L(s, t) = ⊕_j C_L(s, s+j) + I(t -> s+j);  C_R(s, t) = ⊕_j I(s -> s+1+j) + C_R(.., t)
+        comp = semiring.sum(
+            torch.stack([comp_s[:, 0] + inc_e, inc_s + comp_e[:, 1]], 1), dim=-1
+        )  # [B, 2, n]
+        tops.append(comp[:, 1, :1])
+        if w < size - 1:
+            comp_s = torch.cat([comp_s[:, :, : n - 1], comp[:, :, : n - 1, None]], -1)
+            comp_e = torch.cat([comp[:, :, 1:, None], comp_e[:, :, 1:]], -1)
+    top = torch.cat(tops, -1)  # [B, N-1]: C_R(0, w)
+    return top.gather(1, (last - 1).unsqueeze(-1)).squeeze(-1)
+
+
+def inner_siblings(heads: Tensor, words: Tensor) -> Tensor:
+    """Each word's inner sibling, LongTensor [B, N]: the child of its head closest to it
+    strictly between the head and it; -1 for a first child and where not ``words``."""
+    size = heads.shape[-1]
+    position = torch.arange(size, device=heads.device)
+    m = position.view(1, -1, 1)  # the word
+    c = position.view(1, 1, -1)  # a candidate sibling
+    head = heads.unsqueeze(-1)  # [B, N, 1]
+    same = (heads.unsqueeze(1) == head) & words.unsqueeze(1) & words.unsqueeze(-1)
+    between = (c > torch.minimum(head, m)) & (c < torch.maximum(head, m))
+    candidate = same & between  # [B, N(m), N(c)]
+    distance = (m - c).abs().expand_as(candidate)
+    nearest = distance.masked_fill(~candidate, size + 1).argmin(-1)  # [B, N]
+    return nearest.masked_fill(~candidate.any(-1), -1)
+
+
+def sibling_score(sibling_scores: Tensor, heads: Tensor, words: Tensor) -> Tensor:
+    """Sum of the adjacent-sibling scores of the trees ``heads`` [B, N] over the words
+    (``words`` BoolTensor [B, N]), [B]."""
+    batch, size = heads.shape
+    inner = inner_siblings(heads, words)  # [B, N]
+    has = inner >= 0
+    position = torch.arange(size, device=heads.device)
+    index = (heads.clamp_min(0) * size + position) * size + inner.clamp_min(0)  # (h, m, s)
+    picked = sibling_scores.reshape(batch, size**3).gather(1, index)
+    return picked.masked_fill(~has, 0.0).sum(-1)
