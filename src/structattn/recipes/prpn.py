@@ -15,9 +15,11 @@ Everything LM comes from :mod:`structattn.recipes._lm` (the shared LM code: wind
 ``bptt`` tokens, the state carried across them, test perplexity over the whole test stream
 with ``<eos>`` counted). ``score`` adds, for the models with a parsing network, the WSJ10
 parse (``task parse``): the gold trees of NLTK's WSJ sample (sections 00-01; the full WSJ is
-not public, so every UF1 here is on 555 sentences, not the usual 7,422), preprocessed as
-:mod:`structattn.data.treebank` says; each sentence is read after an ``<eos>`` from an empty
-state, its distances d_1..d_n give a binary tree by greedy SPLIT
+not public, so every UF1 here is on 531 sentences, not the usual 7,422), preprocessed as
+:mod:`structattn.data.treebank` says (``parse_convention``: ``"standard"``, the default, keeps
+each distinct sentence of 2 to 10 words once, 531 sentences; ``"prpn"`` keeps PRPN's 555,
+with the 13 one-word sentences and 11 repeats); each sentence is read after an ``<eos>``
+from an empty state, its distances d_1..d_n give a binary tree by greedy SPLIT
 (:func:`~structattn.trees.split_tree`), scored by unlabelled bracket F1
 (:func:`~structattn.metrics.bracket_f1`): sentence-level mean and corpus-level, with and
 without the whole-sentence span. The baselines (left / right branching, balanced, random =
@@ -49,6 +51,7 @@ import torch
 from torch import nn
 
 from ..data.treebank import (
+    SentenceConvention,
     TreebankSentence,
     binarised_spans,
     branching_spans,
@@ -141,6 +144,9 @@ class PRPNRecipeConfig:
     init_range: float = 0.01  # embeddings ~ U(-r, r) (PRPN: 0.01)
     parse_max_words: int = 10  # WSJ10: parse the gold sentences with at most this many words
     parse_data_dir: str = ""  # folder of .mrg files ("" = the shared NLTK WSJ sample)
+    # which gold sentences: "standard" (2..n words, each distinct sentence once: 531 WSJ10
+    # sentences of the sample) or "prpn" (PRPN's 1..n words, repeats kept: 555)
+    parse_convention: SentenceConvention = "standard"
     lm: LMSettings = field(
         default_factory=lambda: LMSettings(batch_size=64, eval_batch_size=10)
     )  # PTB, batch 64, bptt 35
@@ -191,14 +197,16 @@ PARTS = LMRecipeParts("prpn", PRPNRecipeConfig, build_model)
 
 
 # ---- parsing ----------------------------------------------------------------------------------
-_TREEBANKS: dict[tuple[str, int], list[TreebankSentence]] = {}
+_TREEBANKS: dict[tuple[str, int, str], list[TreebankSentence]] = {}
 
 
 def wsj_sentences(config: PRPNRecipeConfig) -> list[TreebankSentence]:
     """The gold sentences of the parse evaluation (cached per process)."""
-    key = (config.parse_data_dir, config.parse_max_words)
+    key = (config.parse_data_dir, config.parse_max_words, config.parse_convention)
     if key not in _TREEBANKS:
-        _TREEBANKS[key] = load_treebank(config.parse_data_dir or None, config.parse_max_words)
+        _TREEBANKS[key] = load_treebank(
+            config.parse_data_dir or None, config.parse_max_words, config.parse_convention
+        )
     return _TREEBANKS[key]
 
 
@@ -330,6 +338,11 @@ class PRPNEvalOptions(LMEvalOptions):
         metadata={"help": "--task parse: parse these plain sentences instead (a file, one per "
                   "line, or - for stdin)"},
     )  # fmt: skip
+    convention: SentenceConvention | None = field(
+        default=None,
+        metadata={"help": "--task parse: gold sentences kept (default: the run's "
+                  "parse_convention; standard = 2+ words, distinct; prpn = PRPN's)"},
+    )  # fmt: skip
 
 
 def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: Path | None) -> str:
@@ -341,13 +354,16 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
         return "\n".join(parse_text(model, config, options.sentences))
     if options.max_words is not None:
         config = replace(config, parse_max_words=options.max_words)
+    if options.convention is not None:
+        config = replace(config, parse_convention=options.convention)
     result = parse_evaluation(model, config, predictions)
     if result is None:
         raise ValueError(f"{run_dir}: a {config.model} model has no parsing network to parse with")
     baseline = parse_baselines(wsj_sentences(config), seeds=1)["RBRANCH"]
     return (
         f"prpn sentences of <= {config.parse_max_words} words "
-        f"({result['sentences']} of the NLTK WSJ sample): UF1 "
+        f"({result['sentences']} of the NLTK WSJ sample, {config.parse_convention} "
+        "convention): UF1 "
         f"sentence-level {result['uf1_sentence']:.1f} / corpus-level {result['uf1_corpus']:.1f}"
         f" without the sentence span, {result['uf1_sentence_root']:.1f} / "
         f"{result['uf1_corpus_root']:.1f} with it (right-branching: "
@@ -451,7 +467,9 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
         len(wsj_sentences(PRPNRecipeConfig())) if baselines else 0,
     )  # fmt: skip
     note = (
-        f"WSJ10 here: {sentences} sentences of NLTK's WSJ sample (sections 00-01), not the "
+        f"WSJ10 here: {sentences} sentences of NLTK's WSJ sample (sections 00-01; baselines "
+        f"on the {PRPNRecipeConfig().parse_convention!r} convention's "
+        f"{len(wsj_sentences(PRPNRecipeConfig())) if baselines else 0}), not the "
         "full WSJ10 (7,422); these sentences are inside ptb.train.txt. UF1 in %, single words "
         "excluded; '+root' counts the whole-sentence span."
     )
