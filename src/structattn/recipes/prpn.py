@@ -62,7 +62,7 @@ from ..data.treebank import (
 from ..io import read_sentences
 from ..metrics import bracket_f1
 from ..models.language_model import RNNLanguageModel
-from ..models.prpn_lm import GateChoice, PRPNConfig, PRPNLanguageModel
+from ..models.prpn_lm import GateChoice, Objective, PRPNConfig, PRPNLanguageModel
 from ..training import TrainConfig
 from ..trees import split_tree, tree_spans, tree_to_brackets
 from . import runs
@@ -142,6 +142,9 @@ class PRPNRecipeConfig:
     input_dropout: float = 0.5  # parser / query / predict / upper reader inputs (idropout)
     recurrent_dropout: float = 0.5  # variational dropout on the attended state (rdropout)
     init_range: float = 0.01  # embeddings ~ U(-r, r) (PRPN: 0.01)
+    # soft: PRPN's expected gates (eq. 6); marginal: the latent-variable LM of eq. 1, the
+    # Predict network's attention limit summed out exactly (prpn-sb / prpn-bt only)
+    objective: Objective = "soft"
     parse_max_words: int = 10  # WSJ10: parse the gold sentences with at most this many words
     parse_data_dir: str = ""  # folder of .mrg files ("" = the shared NLTK WSJ sample)
     # which gold sentences: "standard" (2..n words, each distinct sentence once: 531 WSJ10
@@ -159,6 +162,8 @@ class PRPNRecipeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+        if self.objective == "marginal" and self.model not in ("prpn-sb", "prpn-bt"):
+            raise ValueError(f"`objective` 'marginal' needs prpn-sb or prpn-bt, not {self.model}")
 
 
 def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
@@ -189,6 +194,7 @@ def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
             recurrent_dropout=config.recurrent_dropout,
             tie_weights=True,
             init_range=config.init_range,
+            objective=config.objective,
         )
     )
 
