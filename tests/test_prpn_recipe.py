@@ -77,3 +77,11 @@ def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[
     assert main([*args, "--max-words", "3"]) == 0
     out = capsys.readouterr().out
     assert "<= 3 words" in out and "right-branching" in out
+    assert main([*args, "--max-words", "4", "--decode", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "most likely tree" in out and "sampled draws" in out and "standard convention" in out
+    for decode in ("map", "sample"):
+        parse = ["parse", "prpn", "--checkpoint", str(checkpoint), "--input", str(text)]
+        assert main([*parse, "--decode", decode]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and lines[0].count("(") == 5
