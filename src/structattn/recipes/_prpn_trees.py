@@ -83,9 +83,17 @@ def decode_trees(
 
 
 def _length_batches(distances: Sequence[Sequence[float]], size: int) -> list[list[int]]:
-    """Indices of the sentences in batches of similar lengths (longest first)."""
+    """Indices of the sentences in batches of similar lengths (longest first), at most
+    ``size`` sentences and about 2^22 entries of [B, N, N, N] per batch (long sentences)."""
     order = sorted(range(len(distances)), key=lambda i: -len(distances[i]))
-    return [order[i : i + size] for i in range(0, len(order), size)]
+    batches: list[list[int]] = []
+    for i in order:
+        longest = len(distances[batches[-1][0]]) if batches else 0
+        if batches and len(batches[-1]) < min(size, max(1, (1 << 22) // longest**3)):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def split_bracket_marginals(dist: SplitTreeDistribution) -> torch.Tensor:

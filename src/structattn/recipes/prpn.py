@@ -274,6 +274,7 @@ def score(config: PRPNRecipeConfig, run_dir: Path) -> dict[str, Any]:
     parse = parse_evaluation(model, config, Path(run_dir) / "parse_predictions.jsonl")
     if parse is not None:
         result["test"] = {**result["test"], **{f"wsj10_{k}": v for k, v in parse.items()}}
+        result["test"]["objective"] = config.objective
         report = decode_report(model, config) or {}
         result["test"].update(
             {f"wsj10_{k}": v for k, v in report.items() if not k.startswith("greedy_")}
@@ -406,6 +407,11 @@ def _fmt(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
 
 
+def _name(model: str, test: Mapping[str, Any]) -> str:
+    objective = test.get("objective", "soft")
+    return NAMES.get(model, model) + (f" ({objective} objective)" if objective != "soft" else "")
+
+
 def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
     """Table 1 (perplexity) and Table 2 (WSJ10 UF1 with the baselines) beside the paper's."""
     rows1 = []
@@ -414,7 +420,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
         test, valid = summary.get("test") or {}, summary.get("valid") or {}
         rows1.append(
             [
-                NAMES.get(model, model),
+                _name(model, test),
                 _fmt(valid.get("perplexity")),
                 _fmt(test.get("perplexity")),
                 _fmt(PAPER_TABLE1.get(model)),
@@ -451,14 +457,11 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
         if "wsj10_uf1_sentence" not in test:
             continue
         model = str(cell[0])
-        rows2.append(
-            [
-                NAMES.get(model, model),
-                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence", "uf1_corpus")),
-                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence_root", "uf1_corpus_root")),
-                _fmt(PAPER_TABLE2["PRPN"]) if model == "prpn-sb" else "-",
-            ]
-        )
+        paper = _fmt(PAPER_TABLE2["PRPN"]) if model == "prpn-sb" else "-"
+        rows2.append([_name(model, test), *(_fmt(test[f"wsj10_{k}"]) for k in UF1), paper])
+        if "wsj10_map_uf1_sentence" in test:  # the most likely tree of eq. 8 (#40)
+            name = f"{_name(model, test)}, most likely tree"
+            rows2.append([name, *(_fmt(test[f"wsj10_map_{k}"]) for k in UF1), "-"])
     sentences = next(
         (int(s["test"]["wsj10_sentences"]) for s in results.values()
          if "wsj10_sentences" in (s.get("test") or {})),
