@@ -71,6 +71,31 @@ def test_the_shared_sample_counts() -> None:
     assert len(wsj10) == 555
 
 
+@pytest.mark.data("nltk_treebank_sample")
+def test_wsj10_conventions_on_the_sample() -> None:
+    prpn = load_treebank(max_words=10, convention="prpn")
+    standard = load_treebank(max_words=10, convention="standard")
+    assert (len(prpn), len(standard)) == (555, 531)
+    kept = {(s.file, s.tree_index) for s in standard}
+    dropped = [s for s in prpn if (s.file, s.tree_index) not in kept]
+    assert sum(len(s.words) == 1 for s in dropped) == 13
+    repeats = [s for s in dropped if len(s.words) > 1]
+    assert len(repeats) == 11 and all(
+        any(t.original == s.original for t in standard) for s in repeats
+    )
+
+
+def test_load_treebank_conventions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    one_word = "( (S (NP (NNP Detroit)) (. .) ))\n"
+    (tmp_path / "a.mrg").write_text(MRG + one_word + MRG)
+    assert [len(s.words) for s in load_treebank(tmp_path)] == [6, 3, 1, 6, 3]
+    standard = load_treebank(tmp_path, convention="standard")
+    assert [(len(s.words), s.tree_index) for s in standard] == [(6, 0), (3, 1)]
+    assert standard[0].original[:2] == ("The", "cat")
+    with pytest.raises(ValueError, match="`convention`"):
+        load_treebank(tmp_path, convention="klein")  # type: ignore[arg-type]
+
+
 def test_load_treebank_filters_by_length(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "a.mrg").write_text(MRG)
     (tmp_path / "b.mrg").write_text("( (S (NP (-NONE- *)) (. .) ))\n" + MRG)

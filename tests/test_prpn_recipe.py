@@ -77,3 +77,30 @@ def test_eval_parses_plain_sentences(tmp_path, capsys) -> None:  # type: ignore[
     assert main([*args, "--max-words", "3"]) == 0
     out = capsys.readouterr().out
     assert "<= 3 words" in out and "right-branching" in out
+    assert main([*args, "--max-words", "4", "--decode", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "most likely tree" in out and "sampled draws" in out and "standard convention" in out
+    for decode in ("map", "sample"):
+        parse = ["parse", "prpn", "--checkpoint", str(checkpoint), "--input", str(text)]
+        assert main([*parse, "--decode", decode]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and lines[0].count("(") == 5
+
+
+@pytest.mark.data("ptb", "nltk_treebank_sample")
+def test_quick_marginal_objective_train_eval_resume_viz(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """#40: the exact latent-variable objective through the CLI: train -> refused re-train ->
+    eval -> resume -> parse -> viz on the quick preset, and its test perplexity is finite."""
+    import json
+    import math
+
+    from test_recipes import _smoke
+
+    _smoke("prpn", tmp_path, capsys, ["--model", "prpn-bt", "--objective", "marginal"])
+    (done,) = tmp_path.rglob("done.json")
+    config = json.loads((done.parent / "config.json").read_text())
+    assert config["objective"] == "marginal" and config["model"] == "prpn-bt"
+    summary = json.loads(done.read_text())
+    assert math.isfinite(summary["test"]["perplexity"]) and summary["test"]["perplexity"] > 1
+    with pytest.raises(ValueError, match="objective"):
+        PRPNRecipeConfig(model="lstm", objective="marginal")

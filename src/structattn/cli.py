@@ -231,6 +231,7 @@ def _build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--output", default=None, help="write here (default: stdout)")
             p.add_argument("--device", default="cpu")
+            add_config_arguments(p, tools.parse_options, title="parse options")
 
         if tools.viz is None:
             continue
@@ -341,7 +342,8 @@ def _cmd_parse(recipe: Recipe[C], args: argparse.Namespace) -> None:
     assert parse is not None
     sentences = read_sentences(args.input)
     run_dir = runs.resolve_run(recipe, args.checkpoint)
-    parsed = "".join(f"{out}\n" for out in parse(run_dir, sentences, args.device))
+    options = _options(recipe.tools.parse_options, args)
+    parsed = "".join(f"{out}\n" for out in parse(run_dir, sentences, args.device, options))
     if args.output:
         atomic_write_text(args.output, parsed)
         print(f"{len(sentences)} sentences parsed into {args.output}", file=sys.stderr)

@@ -16,7 +16,21 @@ Trees are parsed with :class:`nltk.Tree` (nltk is needed by this module only; it
   decides whether it counts.
 
 WSJ10 = the sentences with at most 10 words after removal (:func:`load_treebank` with
-``max_words=10``). Malformed files raise ``ValueError("<file>:<line>: ...")``.
+``max_words=10``), under one of two conventions (:data:`SENTENCE_CONVENTIONS`):
+
+* ``"standard"`` (the default): sentences of **2** to ``max_words`` words, each distinct
+  sentence (its kept words as written in the treebank) once, at its first occurrence. A
+  one-word sentence has no bracket to score, and a repeated sentence (``Terms weren't
+  disclosed.`` is 8 trees of the sample) would be counted once per copy. On the NLTK sample
+  this gives **531** WSJ10 sentences.
+* ``"prpn"``: what PRPN's ``data_ptb.py`` / ``test_phrase_grammar.py`` keep: every tree with
+  1 to ``max_words`` words, repeats included (**555** on the sample: the 531, 13 one-word
+  sentences and 11 repeats). A one-word sentence scores F1 = 1 at sentence level (no gold
+  and no predicted bracket) whatever the parser does.
+
+Both remove exactly the same words: keeping the tags of :data:`WORD_TAGS` is the same as
+removing ``, . : `` '' -LRB- -RRB- # $ -NONE-`` on this sample (no other tag occurs).
+Malformed files raise ``ValueError("<file>:<line>: ...")``.
 
 Baseline trees over n words (span sets with the root, for the F1 of :mod:`structattn.metrics`):
 :func:`branching_spans` (left / right / balanced) and :func:`random_spans` (greedy SPLIT on
@@ -37,7 +51,9 @@ from ..io import empty_file_error, read_utf8, shared_data_dir
 from ..trees import split_tree, tree_spans
 
 __all__ = [
+    "SENTENCE_CONVENTIONS",
     "WORD_TAGS",
+    "SentenceConvention",
     "TreebankSentence",
     "binarised_spans",
     "branching_spans",
@@ -60,6 +76,11 @@ WORD_TAGS: frozenset[str] = frozenset(
 )
 _DIGITS = re.compile(r"[0-9]+")
 
+SentenceConvention = Literal["standard", "prpn"]
+#: Which gold sentences an evaluation keeps (module docstring): ``"standard"`` = 2..n words,
+#: distinct sentences once; ``"prpn"`` = PRPN's 1..n words, repeats kept.
+SENTENCE_CONVENTIONS: tuple[SentenceConvention, ...] = ("standard", "prpn")
+
 
 @dataclass(frozen=True)
 class TreebankSentence:
@@ -72,6 +93,7 @@ class TreebankSentence:
     tags: tuple[str, ...]  # their part-of-speech tags
     spans: frozenset[Span]  # gold constituents [start, end) with >= 2 words, root included
     tree: str  # the bracketed gold tree over the kept words (labels dropped)
+    original: tuple[str, ...] = ()  # the kept words as written in the treebank (no normalising)
 
 
 def normalise_word(word: str) -> str:
@@ -111,20 +133,25 @@ def _blocks(text: str, path: str) -> list[tuple[int, str]]:
     return blocks
 
 
-def _strip(tree: Any, words: list[str], tags: list[str], spans: set[Span]) -> str | None:
+def _strip(
+    tree: Any, words: list[str], tags: list[str], spans: set[Span], original: list[str]
+) -> str | None:
     """Walk an nltk.Tree: append kept words/tags, add spans; return the bracketed subtree."""
     from nltk import Tree
 
     if isinstance(tree, Tree) and len(tree) == 1 and not isinstance(tree[0], Tree):
         if tree.label() not in WORD_TAGS:
             return None  # punctuation, currency, -NONE-
+        original.append(str(tree[0]))
         words.append(normalise_word(str(tree[0])))
         tags.append(str(tree.label()))
         return words[-1]
     if not isinstance(tree, Tree):
         raise ValueError(f"a word {tree!r} without a part-of-speech tag")
     start = len(words)
-    parts = [p for p in (_strip(child, words, tags, spans) for child in tree) if p is not None]
+    parts = [
+        p for p in (_strip(child, words, tags, spans, original) for child in tree) if p is not None
+    ]
     if not parts:
         return None  # a constituent left empty
     if len(words) - start >= 2:
@@ -146,8 +173,9 @@ def parse_mrg(text: str, path: str = "<string>") -> list[TreebankSentence]:
         words: list[str] = []
         tags: list[str] = []
         spans: set[Span] = set()
+        original: list[str] = []
         try:
-            bracketed = _strip(tree, words, tags, spans)
+            bracketed = _strip(tree, words, tags, spans, original)
         except ValueError as err:
             raise ValueError(f"{path}:{line}: {err}") from None
         sentences.append(
@@ -159,6 +187,7 @@ def parse_mrg(text: str, path: str = "<string>") -> list[TreebankSentence]:
                 tags=tuple(tags),
                 spans=frozenset(spans),
                 tree=bracketed or "",
+                original=tuple(original),
             )
         )
     return sentences
@@ -174,20 +203,32 @@ def read_mrg(path: str | os.PathLike[str]) -> list[TreebankSentence]:
 
 
 def load_treebank(
-    data_dir: str | os.PathLike[str] | None = None, max_words: int | None = None
+    data_dir: str | os.PathLike[str] | None = None,
+    max_words: int | None = None,
+    convention: SentenceConvention = "prpn",
 ) -> list[TreebankSentence]:
-    """Every tree of ``data_dir/*.mrg`` in file order, keeping those with 1 .. ``max_words``
-    words (None: all non-empty ones). ``max_words=10`` gives WSJ10."""
+    """The trees of ``data_dir/*.mrg`` in file order with at most ``max_words`` words (None:
+    any length; ``max_words=10`` gives WSJ10), selected by ``convention`` (module docstring):
+    ``"prpn"`` keeps every non-empty tree, ``"standard"`` the first occurrence of each
+    distinct sentence of at least 2 words."""
+    if convention not in SENTENCE_CONVENTIONS:
+        raise ValueError(f"`convention` must be one of {SENTENCE_CONVENTIONS}, got {convention!r}")
     folder = default_treebank_dir() if data_dir is None else Path(data_dir)
     files = sorted(folder.glob("*.mrg"))
     if not files:
         raise FileNotFoundError(f"no .mrg files in {folder}")
-    out = []
+    shortest = 2 if convention == "standard" else 1
+    out, seen = [], set()
     for path in files:
         for sentence in read_mrg(path):
             n = len(sentence.words)
-            if n >= 1 and (max_words is None or n <= max_words):
-                out.append(sentence)
+            if n < shortest or (max_words is not None and n > max_words):
+                continue
+            if convention == "standard":
+                if sentence.original in seen:
+                    continue
+                seen.add(sentence.original)
+            out.append(sentence)
     return out
 
 

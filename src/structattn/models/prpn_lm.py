@@ -18,6 +18,32 @@ Three networks share one embedding table (tied with the softmax):
 * **Predict network**: attention over the top layer's last K hidden states with the gates of
   the next step, then tanh(W [h_t; m~_t]) -> dropout -> tied softmax.
 
+**Objectives** (``objective``). ``soft`` (PRPN's, the default): every attention uses the
+expected gates E[g] (eq. 6), so the model has no latent variable. ``marginal``: the
+latent-variable language model of the notes' eq. 1 with the Predict network's attention
+limit l as the latent, summed out exactly:
+
+.. math:: p(x_{t+1} \mid x_{\le t}) = \sum_l p(l \mid x_{\le t})\,
+          \mathrm{softmax}(W \tanh(U [h_t; \textstyle\sum_i s_i(l) m_i]))_{x_{t+1}},
+          \qquad s_i(l) = \frac{1(l \le i)\, \tilde s_i}{\sum_j 1(l \le j)\, \tilde s_j}
+
+with p(l | x_<=t) the stick-breaking process of the gate model (Bradley-Terry: section 5.3,
+the exact distribution the notes call "actually well-defined"; stick-breaking eq. 4 works the
+same way) over the keys up to the current token. With the K-slot memory l has K + 1
+distinguishable outcomes (read slots s..K-1 for s = 0..K-1, every l at or before the oldest
+slot giving s = 0; or read nothing when l is the current token), so the sum is a
+log-sum-exp over K + 1 hard-gated readings, each through the Predict network and its own
+softmax, all outcomes batched (chunks of steps bound the [B, T, K + 1, V] memory). The
+factorisation: **only the Predict network's limit is latent**; the reading network keeps
+the expected gates of its own steps, a deterministic function of x_<=t. Hard gates inside the
+recurrent reading network would make every later state depend on every earlier l_t, so the
+exact marginal would be a sum over prod_t (t + 1) joint assignments; with the reader
+deterministic, the l of different steps are independent given x and the joint sum
+factorises into one (K + 1)-term sum per step. The perplexity is then the exact perplexity
+of a well-defined generative model (``logits`` are the log-probabilities themselves, so
+``cross_entropy`` of them is exact). Cost: the Predict network and the softmax run K + 1
+times per token.
+
 The memory is a sliding window of the K = ``num_slots`` previous steps (PRPN's ``nslots``),
 carried across truncated-BPTT windows in :class:`PRPNState` together with the last L - 1
 embeddings (the convolution's left context) and the K previous distances; a fresh state has
@@ -49,16 +75,35 @@ from typing import Literal, NamedTuple, get_args
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..names import GateKind
 from ..nn.prpn import ParsingNetwork
-from ..structs.stick_breaking import bradley_terry_gates, expected_gates, stick_breaking_gates
+from ..structs.stick_breaking import (
+    bradley_terry_gates,
+    expected_gates,
+    stick_breaking_distribution,
+    stick_breaking_gates,
+)
 
-__all__ = ["GATES", "PRPNConfig", "PRPNLanguageModel", "PRPNOutput", "PRPNReader", "PRPNState"]
+__all__ = [
+    "GATES",
+    "OBJECTIVES",
+    "PRPNConfig",
+    "PRPNLanguageModel",
+    "PRPNOutput",
+    "PRPNReader",
+    "PRPNState",
+]
 
 GateChoice = Literal[GateKind, "none"]
 GATES: tuple[GateChoice, ...] = get_args(GateChoice)
 """Gate choices: the two attention-limit models of the notes and the ablation (all gates 1)."""
+
+Objective = Literal["soft", "marginal"]
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+"""``soft``: PRPN's expected gates (eq. 6); ``marginal``: the latent-variable LM (eq. 1),
+the predict network's attention limit summed out exactly (module docstring)."""
 
 
 @dataclass
@@ -78,6 +123,8 @@ class PRPNConfig:
     recurrent_dropout: float = 0.5  # variational dropout on the attended hidden state h~
     tie_weights: bool = True  # share the embedding with the output layer
     init_range: float = 0.01  # embedding (and untied output) weights ~ U(-r, r) (PRPN: 0.01)
+    objective: Objective = "soft"  # soft: E[g] (eq. 6); marginal: exact sum over l (eq. 1)
+    chunk_size: int = 1 << 24  # marginal: ~elements of [B, T_chunk, K + 1, V] per chunk
 
 
 class PRPNState(NamedTuple):
@@ -104,6 +151,9 @@ class PRPNOutput(NamedTuple):
     gates: Tensor  #: [B, T, K] E[g_i(l_t)] over the K memory slots (oldest first)
     next_gates: Tensor  #: [B, T, K] gates of the Predict network
     attention: Tensor  #: [B, T, K] gated attention of the bottom reader layer
+    hidden: Tensor  #: [B, T, H] top reader states h_t (the Predict network's queries)
+    next_distances: Tensor  #: [B, T] d'_t, the predicted distance of the next token
+    limit: Tensor | None  #: [B, T, K + 1] p(reading slots s..K-1) (marginal objective only)
 
 
 def _window(matrix: Tensor, offset: int, slots: int) -> Tensor:
@@ -117,6 +167,21 @@ def _window(matrix: Tensor, offset: int, slots: int) -> Tensor:
         slots, device=matrix.device
     )  # [T, K]
     return torch.gather(matrix[:, offset:], 2, index.expand(batch, steps, slots))
+
+
+def _limit_distribution(alpha: Tensor, valid: Tensor, next_gates: Tensor) -> Tensor:
+    """p(the Predict network reads slots s..K-1) [B, T, K + 1] of the next-step limit l.
+
+    ``alpha`` [B, N + 1, N + 1] and ``valid`` [B, N + 1] are the extended next-step arrays of
+    :meth:`PRPNLanguageModel.run` (query row K + 1 + t, keys up to the current token K + t),
+    ``next_gates`` [B, T, K] the windowed CDF. Outcome s = 0 lumps every l at or before the
+    oldest slot (P(l <= oldest) = E[g_0]: all K slots open), s = 1..K-1 is l at slot s, s = K
+    is l at the current token (no slot open: the reading is empty). Each entry is a product
+    of alphas (no differences of CDFs), so it is >= 0 exactly; rows sum to 1.
+    """
+    slots = next_gates.shape[-1]
+    point = _window(stick_breaking_distribution(alpha, valid), slots + 1, slots + 1)
+    return torch.cat([next_gates[..., :1], point[..., 1:]], dim=-1)  # [B, T, K + 1]
 
 
 class PRPNReader(nn.Module):
@@ -217,6 +282,14 @@ class PRPNLanguageModel(nn.Module):
                 raise ValueError(f"PRPNConfig.{name} must lie in [0, 1), got {value!r}")
         if not c.tau > 0:
             raise ValueError(f"PRPNConfig.tau must be > 0, got {c.tau!r}")
+        if c.objective not in OBJECTIVES:
+            raise ValueError(
+                f"PRPNConfig.objective must be one of {OBJECTIVES}, got {c.objective!r}"
+            )
+        if c.objective == "marginal" and c.gate == "none":
+            raise ValueError("PRPNConfig.objective='marginal' needs a gate model (gate='none')")
+        if not isinstance(c.chunk_size, int) or c.chunk_size < 1:
+            raise ValueError(f"PRPNConfig.chunk_size must be a positive int, got {c.chunk_size!r}")
         self.config = c
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
         self.parser: ParsingNetwork | None = None
@@ -319,8 +392,9 @@ class PRPNLanguageModel(nn.Module):
         ones = torch.ones(batch, steps, dtype=torch.bool, device=inputs.device)
         valid_all = torch.cat([state.valid, ones], dim=1)  # [B, K + T]
         window_valid = valid_all.unfold(1, slots, 1)[:, :steps]  # [B, T, K], slots t..t+K-1
+        limit: Tensor | None = None
         if self.parser is None:
-            d = torch.zeros(batch, steps, dtype=x.dtype, device=x.device)
+            d = d_next = torch.zeros(batch, steps, dtype=x.dtype, device=x.device)
             gates = next_gates = window_valid.to(x.dtype)
         else:
             d, d_next = self._parse(x, state.context, state.context_valid)
@@ -332,8 +406,11 @@ class PRPNLanguageModel(nn.Module):
             d_ext = torch.cat([d_all, pad], dim=1)  # [B, N + 1]
             q_ext = torch.cat([torch.ones_like(state.distances), pad, d_next], dim=1)
             valid_ext = torch.cat([valid_all, ones[:, :1]], dim=1)  # [B, N + 1]
-            eg_next = expected_gates(self._alpha(d_ext, valid_ext, q_ext), valid_ext)
+            alpha_next = self._alpha(d_ext, valid_ext, q_ext)  # [B, N + 1, N + 1]
+            eg_next = expected_gates(alpha_next, valid_ext)
             next_gates = _window(eg_next[:, :, :-1], slots + 1, slots)  # [B, T, K]
+            if c.objective == "marginal":
+                limit = _limit_distribution(alpha_next, valid_ext, next_gates)
 
         masks = [
             F.dropout(
@@ -371,14 +448,17 @@ class PRPNLanguageModel(nn.Module):
         memory = tape.unfold(1, slots, 1)[:, :steps].transpose(-1, -2)  # [B, T, K, H]
         query = self.predict_query(top)  # [B, T, H]
         scores = (memory @ query.unsqueeze(-1)).squeeze(-1) / math.sqrt(c.hidden_dim)  # [B,T,K]
-        scores = scores.masked_fill(~window_valid, torch.finfo(scores.dtype).min)
-        gated = torch.softmax(scores, dim=-1) * next_gates  # [B, T, K]
-        total = gated.sum(-1, keepdim=True)
-        positive = total >= torch.finfo(total.dtype).tiny
-        weights = torch.where(positive, gated / torch.where(positive, total, 1.0), 0.0)
-        read = (weights.unsqueeze(-2) @ memory).squeeze(-2)  # [B, T, H]
-        features = self.predict(torch.cat([top, read], dim=-1))  # [B, T, E]
-        logits = self.decoder(self.output_dropout(features))  # [B, T, V]
+        if limit is not None:
+            logits = self._marginal_log_probs(top, memory, scores, window_valid, limit)
+        else:
+            scores = scores.masked_fill(~window_valid, torch.finfo(scores.dtype).min)
+            gated = torch.softmax(scores, dim=-1) * next_gates  # [B, T, K]
+            total = gated.sum(-1, keepdim=True)
+            positive = total >= torch.finfo(total.dtype).tiny
+            weights = torch.where(positive, gated / torch.where(positive, total, 1.0), 0.0)
+            read = (weights.unsqueeze(-2) @ memory).squeeze(-2)  # [B, T, H]
+            features = self.predict(torch.cat([top, read], dim=-1))  # [B, T, E]
+            logits = self.decoder(self.output_dropout(features))  # [B, T, V]
 
         keep = c.lookback - 1
         new_state = PRPNState(
@@ -398,7 +478,55 @@ class PRPNLanguageModel(nn.Module):
             gates=gates,
             next_gates=next_gates,
             attention=torch.stack(bottom_attention, dim=1),
+            hidden=top,
+            next_distances=d_next,
+            limit=limit,
         )
+
+    # ---- the exact latent-variable Predict network (objective="marginal") ----------------
+    def _marginal_log_probs(
+        self, top: Tensor, memory: Tensor, scores: Tensor, valid: Tensor, limit: Tensor
+    ) -> Tensor:
+        """log p(x_{t+1} = v | x_<=t) [B, T, V] = log sum_s p(s) p(v | reading s), exactly.
+
+        top [B, T, H], memory [B, T, K, H], scores [B, T, K] (raw attention scores), valid
+        [B, T, K], limit [B, T, K + 1] = p(s) (:func:`_limit_distribution`). Reading s < K
+        is the raw attention renormalised over the slots s..K-1 (hard gates 1(l <= i)),
+        reading K is empty (0). All K + 1 readings go through the Predict network and the
+        softmax at once; the [B, T, K + 1, V] scores are made chunk by chunk of steps (and
+        recomputed in the backward pass when training) to bound the memory.
+        """
+        slots = memory.shape[-2]
+        index = torch.arange(slots, device=memory.device)
+        allowed = (index >= index.unsqueeze(-1)) & valid.unsqueeze(-2)  # [B, T, K (s), K (i)]
+        hard = scores.unsqueeze(-2).masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(hard, dim=-1) * allowed.to(scores.dtype)  # [B, T, K, K]
+        reads = weights @ memory  # [B, T, K, H]
+        reads = torch.cat([reads, torch.zeros_like(reads[..., :1, :])], dim=-2)  # [B,T,K+1,H]
+        positive = limit > 0
+        log_prior = torch.log(torch.where(positive, limit, 1.0)).masked_fill(
+            ~positive, float("-inf")
+        )  # [B, T, K + 1], -inf (and no gradient) where p(s) = 0
+        batch, steps, outcomes, _ = reads.shape
+        width = max(1, self.config.chunk_size // max(1, batch * outcomes * self.config.vocab_size))
+        chunks = []
+        for start in range(0, steps, width):
+            part = (top[:, start : start + width], reads[:, start : start + width])
+            prior = log_prior[:, start : start + width]
+            if torch.is_grad_enabled() and any(x.requires_grad for x in (*part, prior)):
+                out = checkpoint(self._mixture, *part, prior, use_reentrant=False)
+            else:
+                out = self._mixture(*part, prior)
+            chunks.append(out)
+        return torch.cat(chunks, dim=1)  # [B, T, V]
+
+    def _mixture(self, top: Tensor, reads: Tensor, log_prior: Tensor) -> Tensor:
+        """log sum_s exp(log_prior[s] + log softmax(decoder(predict([h; read_s])))) [B, T, V]
+        for top [B, T, H], reads [B, T, S, H], log_prior [B, T, S]."""
+        queries = top.unsqueeze(-2).expand_as(reads)  # [B, T, S, H]
+        features = self.predict(torch.cat([queries, reads], dim=-1))  # [B, T, S, E]
+        log_probs = torch.log_softmax(self.decoder(self.output_dropout(features)), dim=-1)
+        return torch.logsumexp(log_probs + log_prior.unsqueeze(-1), dim=-2)  # [B, T, V]
 
     def forward(
         self, inputs: Tensor, state: tuple[Tensor, ...] | None = None

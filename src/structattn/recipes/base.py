@@ -129,14 +129,15 @@ class Tools:
     generated. Each ``..._options`` is a dataclass whose fields are the command's flags::
 
         viz(checkpoint, options, out) -> [Path]     plots of a trained model; files written
-        parse(run, sentences, device) -> [str]      one output text per tokenised sentence
+        parse(run, sentences, device, options) -> [str]   one output per tokenised sentence
         data(options)                               writes a generated data set
     """
 
     eval_options: type = NoOptions  # the flags of `eval` (Recipe.evaluate's `options`)
     viz: Callable[[Path, Any, Path | None], list[Path]] | None = None  # `structattn viz`
     viz_options: type = NoOptions  # the flags of `viz`
-    parse: Callable[[Path, Sequence[Sequence[str]], str], list[str]] | None = None  # `parse`
+    parse: Callable[[Path, Sequence[Sequence[str]], str, Any], list[str]] | None = None  # `parse`
+    parse_options: type = NoOptions  # the flags of `parse`
     data: Callable[[Any], None] | None = None  # `structattn data`
     data_options: type = NoOptions  # the flags of `data`
 

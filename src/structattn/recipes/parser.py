@@ -331,7 +331,9 @@ def _evaluate(run_dir: Path, options: EvalOptions, device: str, predictions: Pat
     )
 
 
-def _parse(run_dir: Path, sentences: Sequence[Sequence[str]], device: str) -> list[str]:
+def _parse(
+    run_dir: Path, sentences: Sequence[Sequence[str]], device: str, options: object = None
+) -> list[str]:
     """``structattn parse parser``: one CoNLL-U block per tokenised sentence (ID, FORM and
     the predicted HEAD; the other columns ``_``)."""
     model, _, config = load_trained(run_dir, device)

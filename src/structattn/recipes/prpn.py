@@ -15,9 +15,11 @@ Everything LM comes from :mod:`structattn.recipes._lm` (the shared LM code: wind
 ``bptt`` tokens, the state carried across them, test perplexity over the whole test stream
 with ``<eos>`` counted). ``score`` adds, for the models with a parsing network, the WSJ10
 parse (``task parse``): the gold trees of NLTK's WSJ sample (sections 00-01; the full WSJ is
-not public, so every UF1 here is on 555 sentences, not the usual 7,422), preprocessed as
-:mod:`structattn.data.treebank` says; each sentence is read after an ``<eos>`` from an empty
-state, its distances d_1..d_n give a binary tree by greedy SPLIT
+not public, so every UF1 here is on 531 sentences, not the usual 7,422), preprocessed as
+:mod:`structattn.data.treebank` says (``parse_convention``: ``"standard"``, the default, keeps
+each distinct sentence of 2 to 10 words once, 531 sentences; ``"prpn"`` keeps PRPN's 555,
+with the 13 one-word sentences and 11 repeats); each sentence is read after an ``<eos>``
+from an empty state, its distances d_1..d_n give a binary tree by greedy SPLIT
 (:func:`~structattn.trees.split_tree`), scored by unlabelled bracket F1
 (:func:`~structattn.metrics.bracket_f1`): sentence-level mean and corpus-level, with and
 without the whole-sentence span. The baselines (left / right branching, balanced, random =
@@ -37,8 +39,6 @@ the title) and the distances as bars.
 
 from __future__ import annotations
 
-import random
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,37 +48,34 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..data.treebank import (
-    TreebankSentence,
-    binarised_spans,
-    branching_spans,
-    load_treebank,
-    normalise_word,
-    random_spans,
-)
+from ..data.treebank import SentenceConvention, TreebankSentence, load_treebank, normalise_word
 from ..io import read_sentences
-from ..metrics import bracket_f1
 from ..models.language_model import RNNLanguageModel
-from ..models.prpn_lm import GateChoice, PRPNConfig, PRPNLanguageModel
+from ..models.prpn_lm import GateChoice, Objective, PRPNConfig, PRPNLanguageModel
 from ..training import TrainConfig
-from ..trees import split_tree, tree_spans, tree_to_brackets
+from ..trees import tree_spans, tree_to_brackets
 from . import runs
 from ._lm import LMEvalOptions, LMRecipeParts, LMSettings, load_corpus, perplexity_bars
+from ._prpn_trees import (
+    DECODES,
+    UF1,
+    Decode,
+    decode_scores,
+    decode_trees,
+    parse_baselines,
+    parse_sentences,
+    sentence_distances,
+    split_bracket_marginals,
+    tree_from_nodes,
+    uf1_scores,
+)
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
 from .config import replace_path
 from .tables import markdown_table
 
-__all__ = [
-    "MODELS",
-    "PAPER_TABLE1",
-    "PAPER_TABLE2",
-    "PARTS",
-    "RECIPE",
-    "PRPNRecipeConfig",
-    "build_model",
-    "parse_baselines",
-    "parse_sentences",
-]
+__all__ = ["DECODES", "MODELS", "PAPER_TABLE1", "PAPER_TABLE2", "PARTS", "RECIPE"]
+__all__ += ["PRPNRecipeConfig", "build_model", "decode_trees", "parse_baselines"]
+__all__ += ["parse_sentences", "split_bracket_marginals", "tree_from_nodes"]
 
 MODELS = ("prpn-sb", "prpn-bt", "prpn-none", "lstm")
 NAMES = {
@@ -139,8 +136,14 @@ class PRPNRecipeConfig:
     input_dropout: float = 0.5  # parser / query / predict / upper reader inputs (idropout)
     recurrent_dropout: float = 0.5  # variational dropout on the attended state (rdropout)
     init_range: float = 0.01  # embeddings ~ U(-r, r) (PRPN: 0.01)
+    # soft: PRPN's expected gates (eq. 6); marginal: the latent-variable LM of eq. 1, the
+    # Predict network's attention limit summed out exactly (prpn-sb / prpn-bt only)
+    objective: Objective = "soft"
     parse_max_words: int = 10  # WSJ10: parse the gold sentences with at most this many words
     parse_data_dir: str = ""  # folder of .mrg files ("" = the shared NLTK WSJ sample)
+    # which gold sentences: "standard" (2..n words, each distinct sentence once: 531 WSJ10
+    # sentences of the sample) or "prpn" (PRPN's 1..n words, repeats kept: 555)
+    parse_convention: SentenceConvention = "standard"
     lm: LMSettings = field(
         default_factory=lambda: LMSettings(batch_size=64, eval_batch_size=10)
     )  # PTB, batch 64, bptt 35
@@ -153,6 +156,8 @@ class PRPNRecipeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+        if self.objective == "marginal" and self.model not in ("prpn-sb", "prpn-bt"):
+            raise ValueError(f"`objective` 'marginal' needs prpn-sb or prpn-bt, not {self.model}")
 
 
 def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
@@ -183,6 +188,7 @@ def build_model(config: PRPNRecipeConfig, vocab_size: int) -> nn.Module:
             recurrent_dropout=config.recurrent_dropout,
             tie_weights=True,
             init_range=config.init_range,
+            objective=config.objective,
         )
     )
 
@@ -191,71 +197,32 @@ PARTS = LMRecipeParts("prpn", PRPNRecipeConfig, build_model)
 
 
 # ---- parsing ----------------------------------------------------------------------------------
-_TREEBANKS: dict[tuple[str, int], list[TreebankSentence]] = {}
+_TREEBANKS: dict[tuple[str, int, str], list[TreebankSentence]] = {}
 
 
 def wsj_sentences(config: PRPNRecipeConfig) -> list[TreebankSentence]:
     """The gold sentences of the parse evaluation (cached per process)."""
-    key = (config.parse_data_dir, config.parse_max_words)
+    key = (config.parse_data_dir, config.parse_max_words, config.parse_convention)
     if key not in _TREEBANKS:
-        _TREEBANKS[key] = load_treebank(config.parse_data_dir or None, config.parse_max_words)
+        _TREEBANKS[key] = load_treebank(
+            config.parse_data_dir or None, config.parse_max_words, config.parse_convention
+        )
     return _TREEBANKS[key]
 
 
-@torch.no_grad()
-def parse_sentences(
-    model: PRPNLanguageModel,
-    sentences: Sequence[Sequence[str]],
-    encode: Any,
-    batch_size: int = 64,
-) -> list[tuple[list[float], Any]]:
-    """(distances d_1..d_n, SPLIT tree over positions) of each sentence (list of words).
-
-    Every sentence is read after ``<eos>`` (id 0, the sentence boundary of the LM's stream)
-    from an empty state, in padded batches; ``encode(words) -> ids`` maps words to the LM's
-    vocabulary (unknown words -> ``<unk>``).
-    """
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[tuple[list[float], Any]] = []
-    for start in range(0, len(sentences), batch_size):
-        chunk = sentences[start : start + batch_size]
-        width = 1 + max(len(s) for s in chunk)
-        inputs = torch.zeros(len(chunk), width, dtype=torch.long, device=device)  # [B, 1 + n]
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
-        for i, words in enumerate(chunk):
-            inputs[i, 1 : 1 + len(words)] = torch.tensor(encode(words), device=device)
-            mask[i, : 1 + len(words)] = True
-        d = model.distances(inputs, mask)[:, 1:].tolist()  # [B, n], drop the <eos>
-        for words, row in zip(chunk, d, strict=True):
-            values = row[: len(words)]
-            out.append((values, split_tree(values)))
-    return out
-
-
-def _scores(predicted: Sequence[Any], sentences: Sequence[TreebankSentence]) -> dict[str, float]:
-    gold = [s.spans for s in sentences]
-    lengths = [len(s.words) for s in sentences]
-    without = bracket_f1(predicted, gold, lengths).as_dict()
-    rooted = bracket_f1(predicted, gold, lengths, include_root=True).as_dict()
-    return {
-        "uf1_sentence": without["sentence_f1"],
-        "uf1_corpus": without["corpus_f1"],
-        "uf1_sentence_root": rooted["sentence_f1"],
-        "uf1_corpus_root": rooted["corpus_f1"],
-        "sentences": without["sentences"],
-    }
-
-
 def parse_evaluation(
-    model: nn.Module, config: PRPNRecipeConfig, predictions: Path | None = None
+    model: nn.Module,
+    config: PRPNRecipeConfig,
+    predictions: Path | None = None,
+    decode: Decode = "greedy",
 ) -> dict[str, Any] | None:
-    """UF1 of the model's SPLIT trees on WSJ10 (None for models without parsing network)."""
+    """UF1 of the model's trees (``decode``) on WSJ10 (None for models without parsing
+    network)."""
     if not isinstance(model, PRPNLanguageModel) or model.parser is None:
         return None
     sentences = wsj_sentences(config)
     vocab = load_corpus(config.lm).vocab
-    parsed = parse_sentences(model, [s.words for s in sentences], vocab.encode)
+    parsed = parse_sentences(model, [s.words for s in sentences], vocab.encode, decode=decode)
     spans = [tree_spans(tree, include_root=True) for _, tree in parsed]
     if predictions is not None:
         runs.write_jsonl(
@@ -274,7 +241,21 @@ def parse_evaluation(
                 for i, (s, p, (d, tree)) in enumerate(zip(sentences, spans, parsed, strict=True))
             ),
         )
-    return _scores(spans, sentences)
+    return uf1_scores(spans, sentences)
+
+
+def decode_report(
+    model: nn.Module, config: PRPNRecipeConfig, samples: int = 20
+) -> dict[str, Any] | None:
+    """UF1s of greedy SPLIT, of the most likely tree (``map``), their expectation under the
+    split-tree distribution (``expected``) and their spread over ``samples`` sampled draws
+    (``sample_*``), on the gold sentences of ``config`` (None without a parsing network)."""
+    if not isinstance(model, PRPNLanguageModel) or model.parser is None:
+        return None
+    sentences = wsj_sentences(config)
+    vocab = load_corpus(config.lm).vocab
+    distances = sentence_distances(model, [s.words for s in sentences], vocab.encode)
+    return decode_scores(distances, sentences, samples)
 
 
 def _relabel(tree: Any, words: Sequence[str]) -> Any:
@@ -283,35 +264,21 @@ def _relabel(tree: Any, words: Sequence[str]) -> Any:
     return words[int(tree)]
 
 
-def parse_baselines(sentences: Sequence[TreebankSentence], seeds: int = 5) -> dict[str, Any]:
-    """UF1s of the left / right branching, balanced, random (mean of ``seeds``) trees and of
-    the binary upper bound on ``sentences``."""
-    lengths = [len(s.words) for s in sentences]
-    out: dict[str, Any] = {
-        name: _scores([branching_spans(n, kind) for n in lengths], sentences)  # type: ignore[arg-type]
-        for name, kind in (("LBRANCH", "left"), ("RBRANCH", "right"), ("BALANCED", "balanced"))
-    }
-    per_seed = []
-    for seed in range(seeds):
-        trees = [
-            random_spans(n, random.Random(seed * 1_000_003 + i)) for i, n in enumerate(lengths)
-        ]
-        per_seed.append(_scores(trees, sentences))
-    out["RANDOM"] = {k: statistics.mean(r[k] for r in per_seed) for k in per_seed[0]}
-    out["UPPER BOUND"] = _scores(
-        [binarised_spans(s.spans, len(s.words)) for s in sentences], sentences
-    )
-    return out
-
-
 # ---- train / score / eval ---------------------------------------------------------------------
 def score(config: PRPNRecipeConfig, run_dir: Path) -> dict[str, Any]:
-    """Test perplexity (shared LM code) and, with a parsing network, the WSJ10 parse."""
+    """Test perplexity (shared LM code) and, with a parsing network, the WSJ10 parse: greedy
+    SPLIT (``wsj10_uf1_*``), the most likely tree, the expected UF1 and sampled trees
+    (``wsj10_map_*``, ``wsj10_expected_*``, ``wsj10_sample_*``)."""
     result = PARTS.score(config, run_dir)
     model, _ = PARTS.load(run_dir, config.train.device)
     parse = parse_evaluation(model, config, Path(run_dir) / "parse_predictions.jsonl")
     if parse is not None:
         result["test"] = {**result["test"], **{f"wsj10_{k}": v for k, v in parse.items()}}
+        result["test"]["objective"] = config.objective
+        report = decode_report(model, config) or {}
+        result["test"].update(
+            {f"wsj10_{k}": v for k, v in report.items() if not k.startswith("greedy_")}
+        )
     return result
 
 
@@ -330,6 +297,17 @@ class PRPNEvalOptions(LMEvalOptions):
         metadata={"help": "--task parse: parse these plain sentences instead (a file, one per "
                   "line, or - for stdin)"},
     )  # fmt: skip
+    decode: Literal["greedy", "map", "sample", "all"] = field(
+        default="greedy",
+        metadata={"help": "--task parse: greedy SPLIT, the most likely tree (map) or a sample "
+                  "of the split-tree distribution (eq. 8); all = the three, the expected UF1 "
+                  "and the spread over 20 sampled draws; default: greedy"},
+    )  # fmt: skip
+    convention: SentenceConvention | None = field(
+        default=None,
+        metadata={"help": "--task parse: gold sentences kept (default: the run's "
+                  "parse_convention; standard = 2+ words, distinct; prpn = PRPN's)"},
+    )  # fmt: skip
 
 
 def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: Path | None) -> str:
@@ -337,17 +315,40 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
     if options.task == "lm":
         return PARTS.evaluate(run_dir, options, device, predictions)
     model, config = PARTS.load(run_dir, device)
+    decode: Decode = "greedy" if options.decode == "all" else options.decode
     if options.sentences is not None:
-        return "\n".join(parse_text(model, config, options.sentences))
+        return "\n".join(parse_text(model, config, options.sentences, decode))
     if options.max_words is not None:
         config = replace(config, parse_max_words=options.max_words)
-    result = parse_evaluation(model, config, predictions)
+    if options.convention is not None:
+        config = replace(config, parse_convention=options.convention)
+    result = parse_evaluation(model, config, predictions, decode)
     if result is None:
         raise ValueError(f"{run_dir}: a {config.model} model has no parsing network to parse with")
     baseline = parse_baselines(wsj_sentences(config), seeds=1)["RBRANCH"]
-    return (
+    head = (
         f"prpn sentences of <= {config.parse_max_words} words "
-        f"({result['sentences']} of the NLTK WSJ sample): UF1 "
+        f"({result['sentences']} of the NLTK WSJ sample, {config.parse_convention} "
+        "convention)"
+    )
+    if options.decode == "all":
+        report = decode_report(model, config)
+        assert report is not None
+        rows = [
+            [name, *(_fmt(report[f"{key}_{k}"]) for k in UF1)]
+            for name, key in (("greedy SPLIT", "greedy"), ("most likely tree", "map"),
+                              ("expected (split-tree distribution)", "expected"))
+        ]  # fmt: skip
+        rows.append(
+            ["20 sampled draws: mean +- std",
+             *(f"{report[f'sample_{k}_mean']:.1f} +- {report[f'sample_{k}_std']:.1f}"
+               for k in UF1)]
+        )  # fmt: skip
+        rows.append(["right-branching", *(_fmt(baseline[k]) for k in UF1)])
+        header = ["trees", "UF1 sent.", "UF1 corpus", "UF1 sent. +root", "UF1 corpus +root"]
+        return f"{head}\n\n{markdown_table(header, rows)}"
+    return (
+        f"{head}: {decode} UF1 "
         f"sentence-level {result['uf1_sentence']:.1f} / corpus-level {result['uf1_corpus']:.1f}"
         f" without the sentence span, {result['uf1_sentence_root']:.1f} / "
         f"{result['uf1_corpus_root']:.1f} with it (right-branching: "
@@ -356,17 +357,22 @@ def evaluate(run_dir: Path, options: PRPNEvalOptions, device: str, predictions: 
     )
 
 
-def parse_text(model: nn.Module, config: PRPNRecipeConfig, source: str) -> list[str]:
-    """Bracketed SPLIT trees of plain sentences (whitespace-tokenised, one per line; ``-`` =
-    stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
-    return parse_tokens(model, config, read_sentences(source))
+def parse_text(
+    model: nn.Module, config: PRPNRecipeConfig, source: str, decode: Decode = "greedy"
+) -> list[str]:
+    """Bracketed trees (``decode``) of plain sentences (whitespace-tokenised, one per line;
+    ``-`` = stdin), words normalised as the gold trees' (lower-case, digits -> N)."""
+    return parse_tokens(model, config, read_sentences(source), decode)
 
 
 def parse_tokens(
-    model: nn.Module, config: PRPNRecipeConfig, lines: Sequence[Sequence[str]]
+    model: nn.Module,
+    config: PRPNRecipeConfig,
+    lines: Sequence[Sequence[str]],
+    decode: Decode = "greedy",
 ) -> list[str]:
-    """Bracketed SPLIT trees (the original words at the leaves) of tokenised sentences, the
-    words normalised as the gold trees' (lower-case, digits -> N) for the model."""
+    """Bracketed trees (``decode``; the original words at the leaves) of tokenised sentences,
+    the words normalised as the gold trees' (lower-case, digits -> N) for the model."""
     if not isinstance(model, PRPNLanguageModel) or model.parser is None:
         raise ValueError("this model has no parsing network to parse with")
     for i, line in enumerate(lines):
@@ -374,22 +380,36 @@ def parse_tokens(
             raise ValueError(f"sentence {i} has no words")
     vocab = load_corpus(config.lm).vocab
     words = [[normalise_word(w) for w in line] for line in lines]
-    parsed = parse_sentences(model, words, vocab.encode)
+    parsed = parse_sentences(model, words, vocab.encode, decode=decode)
     return [
         tree_to_brackets(_relabel(tree, line))
         for line, (_, tree) in zip(lines, parsed, strict=True)
     ]
 
 
-def _parse(run_dir: Path, sentences: Sequence[Sequence[str]], device: str) -> list[str]:
+@dataclass(frozen=True)
+class ParseOptions:
+    """``structattn parse prpn``'s own flags."""
+
+    decode: Decode = "greedy"  # greedy SPLIT, the most likely tree (map) or a sample (eq. 8)
+
+
+def _parse(
+    run_dir: Path, sentences: Sequence[Sequence[str]], device: str, options: ParseOptions
+) -> list[str]:
     """``structattn parse prpn``: one bracketed tree per sentence."""
     model, config = PARTS.load(run_dir, device)
-    return parse_tokens(model, config, sentences)
+    return parse_tokens(model, config, sentences, options.decode)
 
 
 # ---- tables -----------------------------------------------------------------------------------
 def _fmt(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def _name(model: str, test: Mapping[str, Any]) -> str:
+    objective = test.get("objective", "soft")
+    return NAMES.get(model, model) + (f" ({objective} objective)" if objective != "soft" else "")
 
 
 def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
@@ -400,7 +420,7 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
         test, valid = summary.get("test") or {}, summary.get("valid") or {}
         rows1.append(
             [
-                NAMES.get(model, model),
+                _name(model, test),
                 _fmt(valid.get("perplexity")),
                 _fmt(test.get("perplexity")),
                 _fmt(PAPER_TABLE1.get(model)),
@@ -437,21 +457,20 @@ def _table(results: Mapping[tuple[Any, ...], Mapping[str, Any]]) -> str:
         if "wsj10_uf1_sentence" not in test:
             continue
         model = str(cell[0])
-        rows2.append(
-            [
-                NAMES.get(model, model),
-                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence", "uf1_corpus")),
-                *(_fmt(test[f"wsj10_{k}"]) for k in ("uf1_sentence_root", "uf1_corpus_root")),
-                _fmt(PAPER_TABLE2["PRPN"]) if model == "prpn-sb" else "-",
-            ]
-        )
+        paper = _fmt(PAPER_TABLE2["PRPN"]) if model == "prpn-sb" else "-"
+        rows2.append([_name(model, test), *(_fmt(test[f"wsj10_{k}"]) for k in UF1), paper])
+        if "wsj10_map_uf1_sentence" in test:  # the most likely tree of eq. 8 (#40)
+            name = f"{_name(model, test)}, most likely tree"
+            rows2.append([name, *(_fmt(test[f"wsj10_map_{k}"]) for k in UF1), "-"])
     sentences = next(
         (int(s["test"]["wsj10_sentences"]) for s in results.values()
          if "wsj10_sentences" in (s.get("test") or {})),
         len(wsj_sentences(PRPNRecipeConfig())) if baselines else 0,
     )  # fmt: skip
     note = (
-        f"WSJ10 here: {sentences} sentences of NLTK's WSJ sample (sections 00-01), not the "
+        f"WSJ10 here: {sentences} sentences of NLTK's WSJ sample (sections 00-01; baselines "
+        f"on the {PRPNRecipeConfig().parse_convention!r} convention's "
+        f"{len(wsj_sentences(PRPNRecipeConfig())) if baselines else 0}), not the "
         "full WSJ10 (7,422); these sentences are inside ptb.train.txt. UF1 in %, single words "
         "excluded; '+root' counts the whole-sentence span."
     )
@@ -563,5 +582,11 @@ RECIPE = Recipe(
         },
         plots=_plots,
     ),
-    tools=Tools(eval_options=PRPNEvalOptions, viz=_viz, viz_options=VizOptions, parse=_parse),
+    tools=Tools(
+        eval_options=PRPNEvalOptions,
+        viz=_viz,
+        viz_options=VizOptions,
+        parse=_parse,
+        parse_options=ParseOptions,
+    ),
 )
