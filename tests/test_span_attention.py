@@ -386,3 +386,22 @@ def test_span_layers_train_under_bf16_autocast(name: str) -> None:
     out.float().sum().backward()
     assert torch.isfinite(out.float()).all()
     assert memory.grad is not None and torch.isfinite(memory.grad).all()
+
+
+# ---- the tree-transduction recipe's constituency encoder ----------------------------------------
+def test_tree_transduction_constituency_table_and_figure(tmp_path) -> None:
+    from structattn.cli import main
+    from structattn.data.tree_transduction import generate_splits, write_splits
+    from structattn.recipes.tree_transduction import format_table, visualize
+
+    data = tmp_path / "data"
+    write_splits(generate_splits(0, train_per_depth=6, valid_per_depth=2, test_per_depth=1), data)
+    run = tmp_path / "constituency"
+    args = ["train", "tree-transduction", "--attention", "constituency", "--out", str(run)]
+    args += ["--data-dir", str(data), "--epochs", "1", "--dim", "8", "--parser-hidden", "4"]
+    assert main([*args, "--batch-size", "6", "--progress", "false"]) == 0
+    files = visualize(run, "( + 1 2 )", tmp_path / "fig")
+    assert [f.name for f in files] == ["constituency_attention.png"]
+    table = format_table({"simple": {2: 50.0}, "constituency": {2: 75.0}})
+    assert "Constituency (ours)" in table and "Simple (paper)" in table
+    assert "Constituency (paper)" not in table
