@@ -57,7 +57,7 @@ def test_metric_correct_before_first_error() -> None:
     assert correct_before_first_error("a b c d e f".split(), "a b c d".split()) == 1.0
 
 
-@pytest.mark.parametrize("attention", ["none", "simple", "structured"])
+@pytest.mark.parametrize("attention", ["none", "simple", "structured", "constituency"])
 def test_cli_train_eval_smoke(attention: str, data_dir: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / attention
     args = ["train", "tree-transduction", "--attention", attention, "--out", str(run)]

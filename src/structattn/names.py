@@ -10,12 +10,16 @@ code validates against and shows in errors. Layers and models take a subset:
 * :data:`ArcStructure`: what ``SyntacticAttention`` puts over a sentence's arcs (a tree CRF,
   or the softmax baseline);
 * :data:`MemoryStructure`: attention of queries over a memory (``Seq2Seq``'s decoder);
-* :data:`GateKind`: PRPN's attention-limit gates (stick-breaking, Bradley-Terry).
+* :data:`GateKind`: PRPN's attention-limit gates (stick-breaking, Bradley-Terry);
+* :data:`SpanStructure`: the CRFs over spans (``SpanAttention``, span heads): binary
+  bracketings (constituency-tree CRF, CKY) and segmentations (semi-Markov CRF).
 
 The papers name their variants differently: :data:`AttentionVariant` (``"none"``,
 ``"simple"``, ``"structured"``, SAN sec. 4.1 and 4.4) and :data:`VARIANT_STRUCTURES`, the
 structure each means for a self-attention encoder. Those user-facing names stay valid
-wherever they were (a recipe's ``--attention structured``).
+wherever they were (a recipe's ``--attention structured``). :data:`SelfAttentionVariant`
+adds ``"constituency"`` (self-attention over the constituents of a tree CRF over spans) for
+the encoders that have it (the tree-transduction model).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ __all__ = [
     "ATTENTION_VARIANTS",
     "GATE_KINDS",
     "MEMORY_STRUCTURES",
+    "SELF_ATTENTION_VARIANTS",
+    "SPAN_STRUCTURES",
     "STRUCTURES",
     "TREE_STRUCTURES",
     "VARIANT_STRUCTURES",
@@ -34,13 +40,22 @@ __all__ = [
     "AttentionVariant",
     "GateKind",
     "MemoryStructure",
+    "SelfAttentionVariant",
+    "SpanStructure",
     "Structure",
     "TreeStructure",
 ]
 
 #: every structure over attention weights, one normaliser each
 Structure = Literal[
-    "softmax", "sigmoid", "segmentation", "projective", "non-projective", "mean-field"
+    "softmax",
+    "sigmoid",
+    "segmentation",
+    "projective",
+    "non-projective",
+    "mean-field",
+    "constituency",
+    "semi-markov",
 ]
 #: dependency-tree CRFs: projective (Eisner) and non-projective (matrix-tree theorem)
 TreeStructure = Literal["projective", "non-projective"]
@@ -50,15 +65,21 @@ ArcStructure = Literal["projective", "non-projective", "softmax"]
 MemoryStructure = Literal["softmax", "sigmoid", "segmentation", "mean-field"]
 #: PRPN's gates: stick-breaking (eq. 7) or Bradley-Terry (Shen et al.'s notes, sec. 5.3)
 GateKind = Literal["stick-breaking", "bradley-terry"]
+#: CRFs over spans: binary bracketings (TreeCRF) or segmentations (SemiMarkovCRF)
+SpanStructure = Literal["constituency", "semi-markov"]
 #: the papers' names of a self-attention encoder's variants (SAN sec. 4.1, 4.4)
 AttentionVariant = Literal["none", "simple", "structured"]
+#: the papers' variants and self-attention over constituents (a TreeCRF's spans)
+SelfAttentionVariant = Literal["none", "simple", "structured", "constituency"]
 
 STRUCTURES: tuple[Structure, ...] = get_args(Structure)
 TREE_STRUCTURES: tuple[TreeStructure, ...] = get_args(TreeStructure)
 ARC_STRUCTURES: tuple[ArcStructure, ...] = get_args(ArcStructure)
 MEMORY_STRUCTURES: tuple[MemoryStructure, ...] = get_args(MemoryStructure)
 GATE_KINDS: tuple[GateKind, ...] = get_args(GateKind)
+SPAN_STRUCTURES: tuple[SpanStructure, ...] = get_args(SpanStructure)
 ATTENTION_VARIANTS: tuple[AttentionVariant, ...] = get_args(AttentionVariant)
+SELF_ATTENTION_VARIANTS: tuple[SelfAttentionVariant, ...] = get_args(SelfAttentionVariant)
 
 #: the structure each variant puts over a sentence's arcs (None: no self-attention)
 VARIANT_STRUCTURES: dict[AttentionVariant, ArcStructure | None] = {

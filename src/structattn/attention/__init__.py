@@ -10,6 +10,14 @@ from .mean_field import MeanFieldAttention, MeanFieldAttentionOutput, MeanFieldK
 from .memory_crf import MemoryCRFAttention, MemoryCRFOutput
 from .multihead import StructuredMultiheadAttention
 from .scorers import BilinearScorer, DotScorer, MLPScorer, Scorer, make_scorer
+from .spans import (
+    SemiMarkovSegmentationAttention,
+    SpanAttention,
+    SpanAttentionOutput,
+    SpanScorer,
+    SpanSelfAttention,
+    SpanSelfAttentionOutput,
+)
 from .syntactic import BiLSTMArcScorer, SyntacticAttention, SyntacticAttentionOutput
 from .variational import VariationalAttention, VariationalAttentionOutput
 
@@ -26,8 +34,14 @@ __all__ = [
     "MemoryCRFOutput",
     "Scorer",
     "SegmentationAttention",
+    "SemiMarkovSegmentationAttention",
     "SigmoidAttention",
     "SoftmaxAttention",
+    "SpanAttention",
+    "SpanAttentionOutput",
+    "SpanScorer",
+    "SpanSelfAttention",
+    "SpanSelfAttentionOutput",
     "StructuredMultiheadAttention",
     "SyntacticAttention",
     "SyntacticAttentionOutput",

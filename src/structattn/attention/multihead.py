@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import prefix_lengths, split_attention_mask
-from ..names import Structure
+from ..names import Structure, TreeStructure
+from ._spans import span_self_attention_weights
 from .normalizers import (
     NORMALIZERS,
     mean_field_weights,
@@ -64,7 +65,19 @@ class StructuredMultiheadAttention(nn.Module):
       scores S[m, h] and a learned ``root_key`` per head; the ROOT's share multiplies a
       learned ``root_value`` (zero at init), so tree rows sum to 1 - p(m attaches to ROOT);
     * ``"mean-field"``: k mean-field iterations with unary S and J = beta_h K K^T / sqrt(d)
-      (``coupling`` beta_h learned, 0 at init: starts as sigmoid attention).
+      (``coupling`` beta_h learned, 0 at init: starts as sigmoid attention);
+    * ``"constituency"`` / ``"semi-markov"``: self-attention (L = S) over spans. The span
+      [i, j] (i <= j) scores S[i, j] (its first position as the query, its last as the
+      key); a constituency-tree CRF (binary bracketings, CKY) or a semi-Markov CRF
+      (segmentations into segments of at most ``max_segment_width`` positions) over the
+      keys gives span marginals mu_ij, and the weight of key k for query q is the
+      expected, normalised membership of k in q's constituents / segment:
+      w_qk = sum_{[i, j] contains q and k} mu_ij / (j - i + 1), divided by
+      sum_{[i, j] contains q} mu_ij (:func:`~structattn.attention.spans.span_membership`).
+      Each of q's spans spreads a unit uniformly over its members; for a segmentation
+      (one segment contains q) w_qk = E[1[k in seg(q)] / |seg(q)|] exactly, for a tree it
+      is the ratio of the expected spread to the expected number of q's constituents (the
+      chain from the word q to the sentence). Rows sum to 1; no parameters of their own.
 
     ``normalizer`` is one name for all heads or a sequence of ``num_heads`` names.
     Segmentation and tree heads need padding at the end of the keys. Segmentation heads
@@ -106,6 +119,7 @@ class StructuredMultiheadAttention(nn.Module):
         dtype: torch.dtype | None = None,
         normalizer: Structure | Sequence[Structure] = "softmax",
         mean_field_iterations: int = 3,
+        max_segment_width: int | None = None,
     ) -> None:
         super().__init__()
         if add_bias_kv or add_zero_attn:
@@ -129,6 +143,15 @@ class StructuredMultiheadAttention(nn.Module):
         self.batch_first = batch_first
         self.normalizers = tuple(names)
         self.mean_field_iterations = mean_field_iterations
+        if max_segment_width is not None and (
+            not isinstance(max_segment_width, int)
+            or isinstance(max_segment_width, bool)
+            or max_segment_width < 1
+        ):
+            raise ValueError(
+                f"`max_segment_width` must be a positive int or None, got {max_segment_width!r}"
+            )
+        self.max_segment_width = max_segment_width  # semi-markov heads (None: any length)
         # the heads of each normaliser (one batched call per kind), and each head's slot in
         # the parameters of its kind
         self._groups = {k: [i for i, n in enumerate(names) if n == k] for k in dict.fromkeys(names)}
@@ -516,6 +539,17 @@ class StructuredMultiheadAttention(nn.Module):
                 coupling = coupling.masked_fill(eye, 0.0).unsqueeze(2)  # [B, h, 1, S, S]
                 keep = mask if mask is not None else torch.ones_like(s, dtype=torch.bool)
                 w = mean_field_weights(s, coupling, keep, self.mean_field_iterations)
+            elif kind in ("constituency", "semi-markov"):  # self-attention over spans
+                if length != source:
+                    raise ValueError(f"'{kind}' heads need self-attention (L == S)")
+                lengths = (
+                    torch.full((batch,), source, device=s.device)
+                    if key_lengths is None
+                    else key_lengths
+                )
+                w = span_self_attention_weights(
+                    s, lengths.view(batch, 1).expand(-1, nh), kind, self.max_segment_width
+                )
             else:  # projective, non-projective: self-attention over soft parents
                 assert self.root_key is not None and self.root_value is not None
                 assert slots is not None
@@ -528,8 +562,9 @@ class StructuredMultiheadAttention(nn.Module):
                     if key_lengths is None
                     else key_lengths
                 )
+                tree: TreeStructure = "projective" if kind == "projective" else "non-projective"
                 w, share = self_attention_tree_weights(
-                    s, root / math.sqrt(self.head_dim), lengths.view(batch, 1).expand(-1, nh), kind
+                    s, root / math.sqrt(self.head_dim), lengths.view(batch, 1).expand(-1, nh), tree
                 )
                 value_root = _take(self.root_value, slots, slot_span).view(1, nh, 1, -1)
                 root_terms.append((index, share.unsqueeze(-1) * value_root))  # [B, h, L, d]

@@ -15,7 +15,11 @@ queries and N the keys (memory positions).
   unary s_i (state 1) and 2x2 transitions (Kim et al. 2017, sec. 3.2);
 * ``projective`` / ``non-projective``: arc marginals of a dependency CRF (Eisner /
   matrix-tree), for self-attention: key h of query m gets p(h is the head of m);
-* ``mean-field``: expected spins after k mean-field updates with unary s and couplings J.
+* ``mean-field``: expected spins after k mean-field updates with unary s and couplings J;
+* ``constituency`` / ``semi-markov``: self-attention over spans: span [i, j] scores s[i, j],
+  one constituency-tree CRF / semi-Markov CRF over the keys, and key k of query q gets the
+  expected normalised membership of k in q's constituents / segment
+  (:func:`~structattn.attention.spans.span_self_attention_weights`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..names import Structure, TreeStructure
 from ..structs.dependency import eisner_marginals
 from ..structs.mean_field import mean_field_marginals
 from ._common import masked_softmax
+from ._spans import span_self_attention_weights
 
 __all__ = [
     "NORMALIZERS",
@@ -190,5 +195,7 @@ NORMALIZERS: dict[Structure, Normalizer] = {
             parameters=("root_key", "root_value"),
         ),
         Normalizer("mean-field", mean_field_weights, False, False, parameters=("coupling",)),
+        Normalizer("constituency", span_self_attention_weights, True, True, parameters=()),
+        Normalizer("semi-markov", span_self_attention_weights, True, True, parameters=()),
     )
 }

@@ -39,6 +39,8 @@ from ..attention import (
     SegmentationAttention,
     SigmoidAttention,
     SoftmaxAttention,
+    SpanSelfAttention,
+    SpanSelfAttentionOutput,
     SyntacticAttention,
     SyntacticAttentionOutput,
 )
@@ -46,8 +48,9 @@ from ..names import (
     MEMORY_STRUCTURES,
     VARIANT_STRUCTURES,
     ArcStructure,
-    AttentionVariant,
     MemoryStructure,
+    SelfAttentionVariant,
+    SpanStructure,
 )
 from .decoding import BeamResult, beam_search
 
@@ -69,8 +72,12 @@ __all__ = [
 ]
 
 #: encoder self-attention: none, softmax ("simple") or projective tree-CRF ("structured")
-#: parents, as the ``structure`` of :class:`SyntacticAttention`
-SELF_ATTENTION: dict[AttentionVariant, ArcStructure | None] = VARIANT_STRUCTURES
+#: parents, as the ``structure`` of :class:`SyntacticAttention`; or constituents of a
+#: constituency-tree CRF ("constituency", :class:`SpanSelfAttention`)
+SELF_ATTENTION: dict[SelfAttentionVariant, ArcStructure | SpanStructure | None] = {
+    variant: structure for variant, structure in VARIANT_STRUCTURES.items()
+}
+SELF_ATTENTION["constituency"] = "constituency"
 #: former name of :data:`SELF_ATTENTION` (the ``encoder`` argument of StructuredSeq2Seq)
 ENCODERS = SELF_ATTENTION
 #: decoder attention layers by name (see :func:`make_attention`)
@@ -88,7 +95,7 @@ class Seq2SeqConfig:
     hidden_dim: int = 500  # l: size of the encoder outputs and of the decoder LSTM
     encoder_layers: int = 2  # recurrent encoder layers (0 = embeddings only, SAN A.2)
     bidirectional: bool = False  # biLSTM encoder, hidden_dim / 2 per direction
-    self_attention: AttentionVariant = "none"  # encoder self-attention: none | simple | structured
+    self_attention: SelfAttentionVariant = "none"  # none|simple|structured|constituency
     parser_hidden: int = 50  # per-direction size of the self-attention's parsing biLSTM
     prepend_root: bool = True  # self-attention ROOT: learned (True) or source position 0 ('$')
     decoder_layers: int = 2  # decoder LSTM layers
@@ -222,7 +229,8 @@ class EncoderOutput(NamedTuple):
     """What the decoder attends to."""
 
     memory: Tensor  # [B, N, M] h^_i (M = config.memory_dim)
-    self_attention: SyntacticAttentionOutput | None  # the encoder's parse, if any
+    # the encoder's parse, if any (SpanSelfAttentionOutput for "constituency")
+    self_attention: SyntacticAttentionOutput | SpanSelfAttentionOutput | None
 
 
 class DecoderState(NamedTuple):
@@ -335,16 +343,18 @@ class Seq2Seq(nn.Module):
             else None
         )
         structure = SELF_ATTENTION[config.self_attention]
-        self.self_attention = (
-            None
-            if structure is None
-            else SyntacticAttention(
+        self.self_attention: SyntacticAttention | SpanSelfAttention | None = None
+        if structure == "constituency" or structure == "semi-markov":  # no ROOT: spans
+            self.self_attention = SpanSelfAttention(
+                config.encoder_dim, config.parser_hidden, structure=structure
+            )
+        elif structure is not None:
+            self.self_attention = SyntacticAttention(
                 config.encoder_dim,
                 config.parser_hidden,
                 structure=structure,
                 prepend_root=config.prepend_root,
             )
-        )
         self.decoder = nn.LSTM(
             dim + (hidden if config.input_feeding else 0),
             hidden,
@@ -379,7 +389,8 @@ class Seq2Seq(nn.Module):
         if self.self_attention is None:
             return EncoderOutput(x, None), final
         parse = self.self_attention(x, source_mask)
-        return EncoderOutput(torch.cat([x, parse.parents], dim=-1), parse), final  # [B, N, 2l]
+        context = parse.parents if isinstance(parse, SyntacticAttentionOutput) else parse.context
+        return EncoderOutput(torch.cat([x, context], dim=-1), parse), final  # [B, N, 2l]
 
     def init_state(self, source: Tensor, source_mask: Tensor) -> tuple[EncoderOutput, DecoderState]:
         """Encode the source; the decoder's start state (zeros or the encoder's last)."""
@@ -535,6 +546,10 @@ class StructuredSeq2Seq(Seq2Seq):
     * ``"none"``: x^_i = x_i;
     * ``"simple"``: x^_i = [x_i; sum_k softmax_k(theta_ki) x_k];
     * ``"structured"``: x^_i = [x_i; sum_k p(z_ki = 1 | x) x_k] (projective tree CRF marginals);
+    * ``"constituency"``: x^_i = [x_i; sum_k w_ik x_k] with w the expected normalised
+      membership of k in i's constituents under a constituency-tree CRF over the source
+      (:class:`SpanSelfAttention`, :func:`~structattn.attention.spans.span_membership`; not
+      in the paper);
 
     with theta from a biLSTM over the source embeddings (:class:`SyntacticAttention`).
     Decoder (one layer, no input feeding, zero start state): h'_j = LSTM(y_j, h'_{j-1});
@@ -544,7 +559,8 @@ class StructuredSeq2Seq(Seq2Seq):
     Args:
         vocab_size: size of the shared source/target vocabulary.
         dim: l, embedding and LSTM size (paper: 50).
-        encoder: the encoder's self-attention: ``"none"``, ``"simple"`` or ``"structured"``.
+        encoder: the encoder's self-attention: ``"none"``, ``"simple"``, ``"structured"`` or
+            ``"constituency"``.
         parser_hidden: size of each parsing-LSTM direction (paper: 50).
         padding_idx: the padding token id.
     """
@@ -553,7 +569,7 @@ class StructuredSeq2Seq(Seq2Seq):
         self,
         vocab_size: int,
         dim: int = 50,
-        encoder: AttentionVariant = "structured",
+        encoder: SelfAttentionVariant = "structured",
         parser_hidden: int = 50,
         padding_idx: int = 0,
     ) -> None:

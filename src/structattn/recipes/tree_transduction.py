@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import SpanSelfAttentionOutput, SyntacticAttention
 from ..data.batching import bucket_batches, pad_sequences
 from ..data.tree_transduction import (
     Pair,
@@ -29,7 +30,7 @@ from ..data.tree_transduction import (
     read_splits,
 )
 from ..models import StructuredSeq2Seq
-from ..names import ATTENTION_VARIANTS, AttentionVariant
+from ..names import ATTENTION_VARIANTS, SELF_ATTENTION_VARIANTS, SelfAttentionVariant
 from ..training import Task, TrainConfig, fit, load_model_state
 from . import runs
 from .base import GridAxis, Preset, Recipe, Reporting, Tools
@@ -57,7 +58,10 @@ PAPER_TABLE: dict[int, tuple[float, float, float]] = {
     5: (2.1, 15.0, 30.8),
     6: (1.5, 8.5, 18.2),
 }
-VARIANTS = ATTENTION_VARIANTS
+#: the encoders: the paper's three (:data:`PAPER_VARIANTS`, the columns of
+#: :data:`PAPER_TABLE`) and "constituency" (self-attention over a TreeCRF's constituents)
+VARIANTS = SELF_ATTENTION_VARIANTS
+PAPER_VARIANTS = ATTENTION_VARIANTS
 SAMPLE_SOURCE = "( * ( + ( + 15 7 ) 1 8 ) ( + 19 0 11 ) )"  # the paper's example (depth 3)
 
 #: the paper's optimisation (Appendix A.2): SGD 1.0, clip 1, halving from epoch 9 or plateau
@@ -70,7 +74,7 @@ PAPER_TRAIN = TrainConfig(
 class TreeTransductionConfig:
     """Settings of the tree-transduction experiment (defaults: the paper's, Appendix A.2)."""
 
-    attention: AttentionVariant = "structured"  # encoder self-attention
+    attention: SelfAttentionVariant = "structured"  # encoder self-attention
     dim: int = 50  # l: embedding and LSTM size
     parser_hidden: int = 50  # size of each direction of the parsing biLSTM
     batch_size: int = 20  # sentences per batch
@@ -361,19 +365,20 @@ def _summarize(
 def format_table(results: Mapping[str, Mapping[Any, float]], with_paper: bool = True) -> str:
     """Per-depth table of our numbers (and the paper's Table 1 beside them)."""
     variants = [v for v in VARIANTS if v in results]
-    names = {"none": "No Atten", "simple": "Simple", "structured": "Structured"}
+    names = dict(none="No Atten", simple="Simple", structured="Structured")
+    paper = [v for v in variants if v in PAPER_VARIANTS]
     ours = {v: _int_keys(results[v]) for v in variants}
-    header = ["Depth", *(f"{names[v]} (ours)" for v in variants)]
+    header = ["Depth", *(f"{names.get(v, v.title())} (ours)" for v in variants)]
     if with_paper:
-        header += [f"{names[v]} (paper)" for v in variants]
+        header += [f"{names.get(v, v)} (paper)" for v in paper]
     depths = sorted({d for r in ours.values() for d in r})
     rows = []
     for d in depths:
         row = [str(d)] + [f"{ours[v].get(d, float('nan')):.1f}" for v in variants]
         if with_paper:
             row += [
-                f"{PAPER_TABLE[d][VARIANTS.index(v)]:.1f}" if d in PAPER_TABLE else "-"
-                for v in variants
+                f"{PAPER_TABLE[d][PAPER_VARIANTS.index(v)]:.1f}" if d in PAPER_TABLE else "-"
+                for v in paper
             ]
         rows.append(row)
     return runs.markdown_table(header, rows)
@@ -435,8 +440,20 @@ def visualize(checkpoint: str | Path, source: str, out_dir: str | Path | None = 
         with torch.no_grad():
             _, parse = model.encode(batch.source, batch.source_mask)
             assert parse is not None
-            marginals = parse.marginals[0]  # [N, N] p(i -> j), '$' at 0
             labels = ["$", *tokens]
+            if isinstance(parse, SpanSelfAttentionOutput):  # constituency: rows = queries
+                written.append(
+                    viz.attention_heatmap(
+                        parse.weights[0][1:],
+                        labels[1:],
+                        labels,
+                        out / f"{config.attention}_attention.png",
+                        title=f"{config.attention}: expected share in the word's constituents",
+                        vmax=1.0,
+                    )
+                )
+                continue
+            marginals = parse.marginals[0]  # [N, N] p(i -> j), '$' at 0
             written.append(
                 viz.attention_heatmap(
                     marginals.T[1:],
@@ -448,6 +465,7 @@ def visualize(checkpoint: str | Path, source: str, out_dir: str | Path | None = 
                 )
             )
             if config.attention == "structured":
+                assert isinstance(model.self_attention, SyntacticAttention)
                 heads = model.self_attention.parse(
                     model.source_embedding(batch.source), batch.source_mask
                 )
@@ -470,7 +488,10 @@ def depth_plot(results: Mapping[str, Mapping[Any, float]], path: str | Path, tit
     from ..viz import depth_curves
 
     ours = {v: _int_keys(results[v]) for v in results}
-    reference = {v: {d: PAPER_TABLE[d][VARIANTS.index(v)] for d in PAPER_TABLE} for v in ours}
+    paper = [v for v in ours if v in PAPER_VARIANTS]
+    reference: dict[str, dict[int, float]] = {
+        v: {d: PAPER_TABLE[d][PAPER_VARIANTS.index(v)] for d in PAPER_TABLE} for v in paper
+    }
     return depth_curves(ours, Path(path), reference=reference, title=title)
 
 
@@ -538,7 +559,8 @@ QUICK_CONFIG = replace_path(
 
 RECIPE = Recipe(
     name="tree-transduction",
-    summary="SAN 4.1, Table 1: prefix -> infix with none / simple / structured self-attention",
+    summary="SAN 4.1, Table 1: prefix -> infix with none / simple / structured / constituency "
+    "self-attention",
     config=TreeTransductionConfig,
     presets={
         "paper": Preset(TreeTransductionConfig(), "Appendix A.2: 13 epochs, 15K pairs"),
@@ -560,7 +582,8 @@ RECIPE = Recipe(
             "source": "Kim et al. 2017, Table 1",
             "metric": "% target tokens correct before the first error",
             "per_depth": {
-                v: {str(d): PAPER_TABLE[d][i] for d in PAPER_TABLE} for i, v in enumerate(VARIANTS)
+                v: {str(d): PAPER_TABLE[d][i] for d in PAPER_TABLE}
+                for i, v in enumerate(PAPER_VARIANTS)
             },
         },
         plots=_plots,
