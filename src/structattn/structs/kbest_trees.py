@@ -62,7 +62,8 @@ def _times(a: Tensor, b: Tensor) -> Tensor:
     alternatives, e.g. split points): [..., J * P], the sums of the P rank pairs that can be
     among the k best, ordered by (j, rank in a, rank in b)."""
     first, second = _rank_pairs(a.shape[-1], a.device)
-    return (a[..., first] + b[..., second]).flatten(-2)
+    # index_select, not a[..., first]: the advanced-indexing kernel stalls on a busy machine
+    return (a.index_select(-1, first) + b.index_select(-1, second)).flatten(-2)
 
 
 def _eisner_kbest_scores(arc_scores: Tensor, last: Tensor, multiroot: bool, k: int) -> Tensor:
@@ -193,18 +194,19 @@ def arborescence_kbest(
     words = torch.arange(1, size, device=device)  # i = 1..N-1, one child part each
     before = (rows.view(1, -1) < words.view(-1, 1)) & (rows.view(1, -1) >= 1)  # [N-1, N]: m < i
     at = rows.view(1, -1) == words.view(-1, 1)  # [N-1, N]: m == i
-    items = torch.arange(batch, device=device)
     out = []
     for r in range(k):
-        pick = pool_score.argmax(1)  # [B], the first of equal parts
-        score = pool_score[items, pick]
-        heads = pool_heads[items, pick]  # [B, N]
+        pick = pool_score.argmax(1, keepdim=True)  # [B, 1], the first of equal parts
+        score = pool_score.gather(1, pick).squeeze(1)
+        heads = pool_heads.gather(1, pick.unsqueeze(-1).expand(-1, 1, size)).squeeze(1)
         missing = torch.isneginf(score)
         out.append(heads.masked_fill(missing.unsqueeze(-1), -1))
         if r == k - 1:
             break
-        banned = pool_banned[items, pick]  # [B, N, N]
-        pool_score[items, pick] = _NEG_INF  # removed (never chosen again while a tree is left)
+        index = pick.view(batch, 1, 1, 1).expand(-1, 1, size, size)
+        banned = pool_banned.gather(1, index).squeeze(1)  # [B, N, N]
+        # removed (never chosen again while a tree is left)
+        pool_score = pool_score.scatter(1, pick, _NEG_INF)
         # child i [B, N-1, N(h), N(m)]: keep the tree's arcs into words m < i, avoid its arc
         # into word i
         is_head = rows.view(1, 1, -1, 1) == heads.view(batch, 1, 1, size)  # [B, 1, N, N]
@@ -266,12 +268,15 @@ def label_kbest(label_scores: Tensor, heads: Tensor, k: int) -> tuple[Tensor, Te
         tree = (pos // k).t()  # [k, B]
         rank = (pos % k).t()
         labels = heads.new_full((k, batch, size), -1)
-        columns = torch.arange(batch, device=heads.device).unsqueeze(0).expand(k, -1)
+        # flat gathers, not advanced indexing (its kernel stalls on a busy machine)
+        row = tree * batch + torch.arange(batch, device=heads.device)  # [k, B]: (tree, item)
         for m in range(size - 1, 0, -1):
-            flat = pointers[m - 1][tree, columns, rank]  # [k, B]
+            flat = pointers[m - 1].reshape(-1).gather(0, (row * k + rank).flatten()).view(k, batch)
             rank, choice = flat // kl, flat % kl
-            labels[:, :, m] = order[tree, columns, m, choice]
-        out_heads = heads[tree, columns]  # [k, B, N]
+            at = ((row * size + m) * kl + choice).flatten()
+            labels[:, :, m] = order.reshape(-1).gather(0, at).view(k, batch)
+        out_heads = heads.reshape(trees * batch, size).index_select(0, row.flatten())
+        out_heads = out_heads.view(k, batch, size)
         missing = torch.isneginf(best.t())
         out_heads = out_heads.masked_fill(missing.unsqueeze(-1), -1)
         labels = labels.masked_fill((out_heads < 0), -1)
