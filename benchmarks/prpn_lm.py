@@ -1,8 +1,9 @@
-"""PRPN language models vs a same-size LSTM: training tokens per second (issue 18).
+"""PRPN language models vs a same-size LSTM: training tokens per second (issues 18, 40).
 
 Usage::
 
     .venv/bin/python benchmarks/prpn_lm.py [--repeats R] [--threads T] [--quick]
+        [--models lstm,bradley-terry,bradley-terry-marginal]
 
 One timed call is one Adam training step of a word-level LM on PTB-sized data (V = 10,000):
 forward over a BPTT window of B = 64 streams x T = 35 tokens with the carried state,
@@ -29,22 +30,28 @@ from timing import time_interleaved
 
 from structattn.models import PRPNConfig, PRPNLanguageModel, RNNLanguageModel
 
-MODELS = ("lstm", "stick-breaking", "bradley-terry", "none")
+MODELS = ("lstm", "stick-breaking", "bradley-terry", "none", "bradley-terry-marginal")
+#: ``bradley-terry-marginal``: the exact latent-variable objective (#40, ``objective="marginal"``)
 
 
 def training_steps(
-    batch: int, steps: int, size: int, vocab: int
+    batch: int, steps: int, size: int, vocab: int, models: tuple[str, ...] = MODELS[:4]
 ) -> dict[str, Callable[[], object]]:
     """One training-step callable per model (same seed, same window, state carried)."""
     gen = torch.Generator().manual_seed(0)
     inputs = torch.randint(vocab, (batch, steps + 1), generator=gen)
     fns: dict[str, Callable[[], object]] = {}
-    for name in MODELS:
+    for name in models:
         torch.manual_seed(0)
         if name == "lstm":
             model: torch.nn.Module = RNNLanguageModel(
                 vocab, size, size, cell="lstm", dropout=0.2, tie_weights=True
             )
+        elif name == "bradley-terry-marginal":
+            config = PRPNConfig(
+                vocab, size, size, num_layers=1, gate="bradley-terry", objective="marginal"
+            )
+            model = PRPNLanguageModel(config)
         else:
             config = PRPNConfig(vocab, size, size, num_layers=1, gate=name)  # type: ignore[arg-type]
             model = PRPNLanguageModel(config)
@@ -73,11 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument(
+        "--models", default=",".join(MODELS[:4]), help=f"comma-separated, of {MODELS}"
+    )
     args = parser.parse_args(argv)
+    models = tuple(m for m in args.models.split(",") if m)
+    if "lstm" not in models or any(m not in MODELS for m in models):
+        parser.error(f"--models: 'lstm' (the reference) and others of {MODELS}")
     torch.set_num_threads(args.threads)
     sizes = (4, 6, 8, 50) if args.quick else (64, 35, 200, 10_000)
     batch, steps, size, vocab = sizes
-    timings = time_interleaved(training_steps(batch, steps, size, vocab), args.repeats, args.warmup)
+    timings = time_interleaved(
+        training_steps(batch, steps, size, vocab, models), args.repeats, args.warmup
+    )
     reference = timings["lstm"].samples
     print(
         f"threads {args.threads}, repeats {args.repeats}; B = {batch}, T = {steps}, "
