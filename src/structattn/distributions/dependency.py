@@ -115,6 +115,10 @@ class TreeCRFBase(StructuredDistribution):
         score = tree_score(arcs, heads, mask)
         return score.masked_fill(~self._valid(heads), float("-inf"))
 
+    def _map_score(self) -> Tensor:
+        # differentiable score of this class's own argmax (its gradient: the tree's arcs)
+        return self._tree_score(self.argmax)
+
     @property
     def marginals(self) -> Tensor:
         """p(arc h -> m), shape [B, N, N]; columns 1..len-1 sum to 1, column 0 and padding 0."""

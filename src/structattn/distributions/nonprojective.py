@@ -107,9 +107,10 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
 
     @cached_property
     def max_score(self) -> Tensor:
-        """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid)."""
-        with torch.no_grad():  # -1 (no tree) gives -inf
-            return self._tree_score(self.argmax)
+        """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid);
+        differentiable (its gradient: the arcs of ``argmax``) when the scores require grad."""
+        with torch.set_grad_enabled(self._differentiable()):  # -1 (no tree) gives -inf
+            return self._map_score()
 
     def log_prob(self, heads: Tensor) -> Tensor:
         """log p(tree), shape [B]; ``heads`` LongTensor [B, N] (entries at ROOT and padding
