@@ -465,8 +465,6 @@ def test_from_hmm_batched_parameters_and_gradients() -> None:
 
     assert torch.autograd.gradcheck(logz, (init, trans, emit))
     crf = LinearChainCRF.from_hmm(init, trans, emit, obs, lengths)
-    want = _hmm_brute(init[1], trans[1, 0], emit[1], [2, 2, 0]) if False else None
-    del want
     for b, length in enumerate(lengths.tolist()):
         # per-step transitions: brute force with the shared oracle for chains
         unary = emit[b].T[obs[b, :length].clamp(max=v - 1)].clone()
@@ -590,3 +588,94 @@ def test_start_end_transitions_errors() -> None:
         LinearChainCRF(unary, end_transitions=torch.randn(3).double())
     with pytest.raises(ValueError, match="`end_transitions` contains NaN"):
         LinearChainCRF(unary, end_transitions=torch.tensor([0.0, math.nan, 0.0]))
+
+
+# ---- #41.7 (distribution level): temperature and perturb-and-MAP ----------------------------
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 4.0])
+def test_tempered_against_brute_force(op: Op, temperature: float) -> None:
+    params, lengths = _draw(op), _lengths(op)
+    dist = op.build(params, lengths)
+    if op.name == "split-tree":
+        with pytest.raises(NotImplementedError, match="no tempered form"):
+            dist.tempered(temperature)
+        return
+    hot = dist.tempered(temperature)
+    assert type(hot) is type(dist)
+    smooth = dist.smoothed_max(temperature)
+    marginals = hot._marginals_tuple
+    for b, length in enumerate(lengths.tolist()):
+        support = op.support(_item(params, b), length)
+        scores = torch.stack([s for _, s in support]) / temperature
+        torch.testing.assert_close(hot.log_partition[b], scores.logsumexp(0))
+        torch.testing.assert_close(smooth[b], temperature * scores.logsumexp(0))
+        probs = (scores - scores.logsumexp(0)).exp()
+        for i, got in enumerate(marginals):
+            want = sum(p * ind[i] for p, (ind, _) in zip(probs, support, strict=True))
+            torch.testing.assert_close(got[b], want)
+    count = dist.count
+    assert (dist.max_score <= smooth + 1e-9).all()
+    assert (smooth <= dist.max_score + temperature * count.log() + 1e-9).all()
+    # the gradient of the smoothed max is the tempered marginals
+    grads = torch.autograd.grad(smooth.sum(), params)
+    with_grad = op.build(params, lengths).tempered(temperature)
+    want = torch.autograd.grad(temperature * with_grad.log_partition.sum(), params)
+    for got, ref in zip(grads, want, strict=True):
+        torch.testing.assert_close(got, ref)
+
+
+def test_tempered_tends_to_argmax(op: Op) -> None:
+    if op.name == "split-tree":
+        pytest.skip("split trees have no tempered form")
+    params, lengths = tuple(p.detach() for p in _draw(op)), _lengths(op)
+    dist = op.build(params, lengths)
+    cold = dist.tempered(1e-3)
+    torch.testing.assert_close(dist.smoothed_max(1e-3), dist.max_score, atol=1e-2, rtol=0)
+    for b, length in enumerate(lengths.tolist()):
+        scores = torch.stack([s for _, s in op.support(_item(params, b), length)])
+        top2 = scores.topk(min(2, scores.numel())).values
+        if top2.numel() == 2 and top2[0] - top2[1] < 0.05:  # a near tie: no clear limit yet
+            continue
+        hard = dist._indicators(dist.argmax)[b].to(scores.dtype)
+        torch.testing.assert_close(cold.marginals[b], hard, atol=1e-6, rtol=0)  # type: ignore[attr-defined]
+
+
+def test_rsample_is_perturb_and_map_with_straight_through_gradient(op: Op) -> None:
+    params, lengths = _draw(op), _lengths(op)
+    dist = op.build(params, lengths)
+    if op.name == "split-tree":
+        with pytest.raises(NotImplementedError):
+            dist.rsample(2)
+        return
+    torch.manual_seed(7)
+    draws = dist.rsample(3, temperature=0.5)
+    marginals = dist.marginals  # type: ignore[attr-defined]
+    assert draws.shape == (3, *marginals.shape)
+    assert ((draws == 0) | (draws == 1)).all()
+    # every draw is a structure: the MAP of the scores plus the same Gumbel noise
+    torch.manual_seed(7)
+    weights = torch.randn(draws.shape, dtype=draws.dtype)
+    got = torch.autograd.grad((draws * weights).sum(), params, allow_unused=True)
+    torch.manual_seed(7)
+    want_loss = draws.new_zeros(())
+    for s in range(3):
+        first = params[0]
+        uniform = torch.rand_like(first).clamp_(torch.finfo(first.dtype).tiny, 1.0)
+        perturbed = op.build((first + -(-uniform.log()).log(), *params[1:]), lengths)
+        assert torch.equal(draws[s], perturbed._indicators(perturbed.argmax).to(draws.dtype))
+        soft = perturbed.tempered(0.5).marginals  # type: ignore[attr-defined]
+        want_loss = want_loss + (soft * weights[s]).sum()
+    want = torch.autograd.grad(want_loss, params, allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None or (g == 0).all()
+        else:
+            torch.testing.assert_close(g, w)
+
+
+def test_temperature_and_rsample_errors() -> None:
+    dist = LinearChainCRF(torch.randn(2, 4, 3))
+    for bad in (0.0, -1.0, float("inf"), float("nan"), "1"):
+        with pytest.raises(ValueError, match="`temperature`"):
+            dist.tempered(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`n`"):
+        dist.rsample(0)

@@ -22,7 +22,9 @@ Items with no valid structure (every structure has a ``-inf`` part) get
 
 from __future__ import annotations
 
+import copy
 import functools
+import math
 import sys
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -64,6 +66,10 @@ def _eager(fn: _F) -> _F:
 
 class StructuredDistribution:
     """Base class: a batch of Gibbs distributions over structures, p(z) ∝ exp(score(z))."""
+
+    #: whether the part scores are positively homogeneous in the raw potentials (dividing
+    #: the potentials by t divides every structure's score by t): what ``tempered`` needs
+    _homogeneous_parts: bool = True
 
     #: the raw potential tensors as given by the user (set by subclasses)
     _raw: tuple[Tensor, ...]
@@ -352,6 +358,83 @@ class StructuredDistribution:
         value = logz_gap - self._expected_part_scores(diff)
         value = torch.where(torch.isneginf(logz_q), torch.full_like(value, float("inf")), value)
         return torch.where(torch.isneginf(logz_p), torch.zeros_like(value), value)
+
+    # ---- smoothed MAP and perturb-and-MAP (#41.7) -------------------------------------------
+    def _with_raw(self, *raw: Tensor) -> StructuredDistribution:
+        """A copy of this distribution with the potentials ``raw`` (the shapes of ``_raw``)
+        in place of its own, nothing computed yet (no cached output is copied)."""
+        new = copy.copy(self)
+        cls = type(self)
+        new.__dict__ = {
+            name: value
+            for name, value in self.__dict__.items()
+            if not isinstance(getattr(cls, name, None), cached_property)
+        }
+        for name, value in self.__dict__.items():  # attributes naming a raw tensor follow it
+            for old, replacement in zip(self._raw, raw, strict=True):
+                if value is old:
+                    setattr(new, name, replacement)
+        new._raw = tuple(raw)
+        return new
+
+    def tempered(self, temperature: float) -> StructuredDistribution:
+        """The distribution p_t(z) ∝ exp(score(z) / t) over the same structures (the same
+        class; every potential divided by ``temperature`` t > 0): t = 1 is this one, t -> 0
+        concentrates on the MAP structures (its ``marginals`` tend to ``argmax``'s
+        indicators where the MAP is unique), t -> inf on the uniform distribution.
+
+        ``t * tempered(t).log_partition`` is the entropy-smoothed max (:meth:`smoothed_max`)
+        and ``tempered(t).marginals`` its gradient: differentiable, dense relaxations of
+        ``max_score`` and ``argmax`` for structured attention."""
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+        if not temperature > 0 or math.isinf(temperature):
+            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+        if not self._homogeneous_parts:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no tempered form: its part scores are not "
+                "proportional to its potentials (dividing the potentials by t does not divide "
+                "every structure's score by t)"
+            )
+        return self._with_raw(*(t / temperature for t in self._raw))
+
+    def smoothed_max(self, temperature: float) -> Tensor:
+        """Entropy-smoothed max t log Σ_z exp(score(z) / t) = max over distributions q of
+        (E_q[score] + t H(q)), shape [B], with ``max_score <= smoothed_max(t) <= max_score +
+        t log(count)``: ``max_score`` as t -> 0, ``log_partition`` at t = 1. Its gradient
+        with respect to the parts is ``tempered(t)``'s marginals. ``-inf`` where no
+        structure is valid."""
+        return temperature * self.tempered(temperature).log_partition
+
+    def rsample(self, n: int = 1, temperature: float = 1.0) -> Tensor:
+        """``n`` perturb-and-MAP structures with a straight-through gradient, as indicators
+        of the shape of ``marginals``: [n, B, ...] (float, 0/1 forward).
+
+        Each draw adds independent Gumbel noise to every entry of the first potential tensor
+        (unary / arc / span / segment / pivot scores), takes the MAP structure of the
+        perturbed scores (forward: its 0/1 indicators) and back-propagates through the
+        marginals of the perturbed scores at ``temperature`` (the straight-through
+        estimator: value ``hard + (soft - soft.detach())``). The perturbation is per part, not
+        per structure, so the draws are **not** exact samples of this distribution (use
+        ``sample(n)`` for those); they are hard structures a layer can use in the forward
+        pass and still train. Uses the global torch RNG."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"`n` must be a positive int, got {n!r}")
+        draws = []
+        for _ in range(n):
+            first = self._raw[0]
+            uniform = torch.rand_like(first).clamp_(torch.finfo(first.dtype).tiny, 1.0)
+            gumbel = -(-uniform.log()).log()
+            perturbed = self._with_raw(first + gumbel, *self._raw[1:])
+            soft = perturbed.tempered(temperature).marginals  # type: ignore[attr-defined]
+            hard = perturbed._indicators(perturbed.argmax).to(soft.dtype)
+            draws.append(hard + (soft - soft.detach()))  # exactly 0/1 forward
+        return torch.stack(draws)
+
+    def _indicators(self, value: Tensor) -> Tensor:
+        """0/1 indicators of the shape of ``marginals`` for structures ``value`` in the
+        encoding of ``argmax`` (the span structures: that encoding itself; ``-1`` -> 0)."""
+        return value.clamp_min(0)
 
     # ---- helpers --------------------------------------------------------------------------
     @staticmethod

@@ -301,6 +301,11 @@ class LinearChainCRF(StructuredDistribution):
         ties broken towards the lower label, from the last position backwards."""
         return self._viterbi[1]
 
+    def _indicators(self, value: Tensor) -> Tensor:
+        # labels [B, N] -> one-hot [B, N, C] (0 where -1: padding, no sequence)
+        onehot = torch.nn.functional.one_hot(value.clamp_min(0), self.num_labels)
+        return onehot * (value >= 0).unsqueeze(-1)
+
     def _map_score(self) -> Tensor:
         best, labels = self._viterbi
         return self._labels_score(labels, best)
