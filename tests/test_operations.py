@@ -359,6 +359,18 @@ def test_kl_argument_errors() -> None:
         chain.kl_divergence(LinearChainCRF(torch.randn(2, 4, 3).double()))
 
 
+def test_kl_shared_and_per_step_transitions() -> None:
+    """A shared [C, C] transition matrix and a per-step [B, N-1, C, C] one are the same
+    structures: KL between them is defined (and equals the KL with both per step)."""
+    unary = torch.randn(2, 4, 3, dtype=torch.float64)
+    shared = torch.randn(3, 3, dtype=torch.float64)
+    q = LinearChainCRF(torch.randn(2, 4, 3).double(), torch.randn(2, 3, 3, 3).double())
+    p = LinearChainCRF(unary, shared)
+    p_steps = LinearChainCRF(unary, shared.expand(2, 3, 3, 3).clone())
+    torch.testing.assert_close(p.kl_divergence(q), p_steps.kl_divergence(q))
+    torch.testing.assert_close(q.kl_divergence(p), q.kl_divergence(p_steps))
+
+
 # ---- #41.8: count -------------------------------------------------------------------------
 def test_count_against_enumeration_with_masks(op: Op) -> None:
     params = tuple(p.detach().clone() for p in op.draw(3, op.n, torch.float64, 1.0))

@@ -284,10 +284,14 @@ class StructuredDistribution:
         ):
             if mine != theirs:
                 raise ValueError(f"`p` and `q` differ in `{name}`: {mine!r} and {theirs!r}")
-        for mine, theirs in zip(self._raw, other._raw, strict=True):
+        # part shapes: a shared [C, C] transition matrix and a per-step one are comparable
+        with torch.no_grad():
+            mine_parts = self._parts(*(t.detach() for t in self._raw))
+            their_parts = other._parts(*(t.detach() for t in other._raw))
+        for mine, theirs in zip(mine_parts, their_parts, strict=True):
             if mine.shape != theirs.shape:
                 raise ValueError(
-                    "`p` and `q` must have potentials of the same shapes, got "
+                    "`p` and `q` must have potentials of the same shapes, got parts of shape "
                     f"{tuple(mine.shape)} and {tuple(theirs.shape)}"
                 )
             if mine.dtype != theirs.dtype or mine.device != theirs.device:
