@@ -244,6 +244,25 @@ def test_topk_first_is_argmax_among_ties(structure: str) -> None:
                     torch.testing.assert_close(got[0], scores[r, b])
 
 
+def test_argmax_first_moves_or_inserts_the_argmax() -> None:
+    """The k-best reordering: ``best`` listed at rank r moves to the front (the others keep
+    their order); not listed (k tied structures), it takes the front and the last drops;
+    an item with no structure is left alone."""
+    inf = float("-inf")
+    # per item (columns): the k = 3 ranks' scores and structures
+    scores = torch.tensor([[3.0, 3.0, inf], [3.0, 3.0, inf], [2.0, 3.0, inf]])  # [k, B]
+    ranked = [[[0, 0], [1, 1], [-1, -1]], [[3, 3], [4, 4], [-1, -1]], [[5, 5], [6, 6], [-1, -1]]]
+    structures = torch.tensor(ranked)  # [k, B, 2]: item 0: 0, 3, 5; item 1: 1, 4, 6
+    best = torch.tensor([[3, 3], [9, 9], [-1, -1]])  # item 0: rank 1; item 1: absent
+    new_scores, new = StructuredDistribution._argmax_first(scores, structures, best)
+    assert new[:, 0].tolist() == [[3, 3], [0, 0], [5, 5]]
+    assert new[:, 1].tolist() == [[9, 9], [1, 1], [4, 4]]
+    assert new[:, 2].tolist() == [[-1, -1], [-1, -1], [-1, -1]]
+    torch.testing.assert_close(new_scores[:, 0], torch.tensor([3.0, 3.0, 2.0]))
+    torch.testing.assert_close(new_scores[:, 1], torch.tensor([3.0, 3.0, 3.0]))
+    assert torch.isneginf(new_scores[:, 2]).all()
+
+
 def _one_item(dist: LinearChainCRF | TreeCRF, b: int) -> LinearChainCRF | TreeCRF:
     lengths = None if dist.lengths is None else dist.lengths[b : b + 1]
     if isinstance(dist, LinearChainCRF):
