@@ -28,6 +28,8 @@ from .distributions import (
     SplitTreeDistribution,
     StructuredDistribution,
     TreeCRF,
+    cross_entropy,
+    kl_divergence,
     structured_nll,
 )
 from .nn import LSTMN, GatedSelfAttention, LSTMNCell, LSTMNDecoder, ParsingNetwork
@@ -64,9 +66,11 @@ __all__ = [
     "SyntacticAttention",
     "TreeCRF",
     "bradley_terry_distribution",
+    "cross_entropy",
     "expected_gates",
     "gated_attention_weights",
     "is_projective",
+    "kl_divergence",
     "mean_field_free_energy",
     "mean_field_marginals",
     "projectivize",

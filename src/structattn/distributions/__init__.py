@@ -1,10 +1,11 @@
-"""Structured distributions: lazy log-partition, marginals, argmax, entropy, samples; the
-structured loss and the tree helpers a parser needs."""
+"""Structured distributions: lazy log-partition, marginals, argmax, entropy, samples, KL
+divergence and cross-entropy; the structured loss and the tree helpers a parser needs."""
 
 from ..trees import is_projective, projectivize  # no dynamic program: structattn.trees
 from .base import StructuredDistribution
 from .constituency import TreeCRF
 from .dependency import DependencyCRF, LabelledHeads
+from .divergence import cross_entropy, kl_divergence
 from .linear_chain import LinearChainCRF
 from .loss import structured_nll
 from .nonprojective import NonProjectiveDependencyCRF
@@ -22,7 +23,9 @@ __all__ = [
     "SplitTreeDistribution",
     "StructuredDistribution",
     "TreeCRF",
+    "cross_entropy",
     "is_projective",
+    "kl_divergence",
     "projectivize",
     "structured_nll",
 ]

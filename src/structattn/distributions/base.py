@@ -22,7 +22,9 @@ Items with no valid structure (every structure has a ``-inf`` part) get
 
 from __future__ import annotations
 
+import copy
 import functools
+import math
 import sys
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -64,6 +66,10 @@ def _eager(fn: _F) -> _F:
 
 class StructuredDistribution:
     """Base class: a batch of Gibbs distributions over structures, p(z) ∝ exp(score(z))."""
+
+    #: whether the part scores are positively homogeneous in the raw potentials (dividing
+    #: the potentials by t divides every structure's score by t): what ``tempered`` needs
+    _homogeneous_parts: bool = True
 
     #: the raw potential tensors as given by the user (set by subclasses)
     _raw: tuple[Tensor, ...]
@@ -131,7 +137,10 @@ class StructuredDistribution:
             raw = tuple(
                 t if create_graph and t.requires_grad else _fresh_leaf(t) for t in self._raw
             )
-            parts = self._parts(*raw)
+            # views: the gradient with respect to each part counts its direct uses only,
+            # also where one part is computed from another (the split tree's node scores
+            # from its pivot scores), so it is the part's indicator / marginal
+            parts = tuple(p.view_as(p) for p in self._parts(*raw))
             lengths = self.lengths
             if repeat > 1:
                 parts = tuple(p.repeat(repeat, *([1] * (p.dim() - 1))) for p in parts)
@@ -156,17 +165,53 @@ class StructuredDistribution:
         return tuple(grads)
 
     @cached_property
+    def _map(self) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """(MAP score [B], part indicators of the MAP structure): the max-plus inside pass
+        and its gradient (ties broken by the first index at every max), detached."""
+        score, grads = self._inside_with_grad(MaxSemiring, create_graph=False)
+        return score.detach(), tuple(g.detach() for g in grads)
+
+    @cached_property
     def max_score(self) -> Tensor:
-        """Score of the highest-scoring structure, shape [B] (``-inf`` if none is valid)."""
-        with torch.no_grad():
-            return self._inside(MaxSemiring, self._parts(*self._raw), self.lengths)
+        """Score of the highest-scoring structure, shape [B] (``-inf`` if none is valid).
+
+        Differentiable when the potentials require grad: its gradient with respect to the
+        parts is the part indicators of ``argmax`` (the max semiring's gradient; 0 for an
+        item with no valid structure), so a perceptron or max-margin loss
+        ``max_score - score(gold)`` trains through both terms."""
+        if not self._differentiable():
+            with torch.no_grad():
+                return self._inside(MaxSemiring, self._parts(*self._raw), self.lengths)
+        return self._map_score()
+
+    def _map_score(self) -> Tensor:
+        """Differentiable score of ``argmax``, [B]; subclasses whose ``argmax`` does not come
+        from :attr:`_map` override it (the score of their own argmax)."""
+        score, indicators = self._map
+        return self._indicator_score(indicators, self._parts(*self._raw), score)
+
+    @staticmethod
+    def _indicator_score(
+        indicators: Sequence[Tensor], parts: Sequence[Tensor], best: Tensor
+    ) -> Tensor:
+        """Σ indicators * parts over every part tensor, [B], differentiable in ``parts``
+        (gradient: the indicators); ``-inf`` (constant) where ``best`` is ``-inf``.
+
+        An unused part (indicator 0) never enters the sum, so ``-inf`` or junk there is
+        harmless (no ``0 * -inf``)."""
+        total = best.new_zeros(best.shape)
+        for ind, part in zip(indicators, parts, strict=True):
+            used = ind != 0
+            term = ind.to(part.dtype) * torch.where(used, part, torch.zeros_like(part))
+            total = total + term.flatten(1).sum(-1)
+        return torch.where(torch.isneginf(best), best, total)
 
     @cached_property
     def argmax(self) -> Tensor:
         """The highest-scoring structure (MAP), as a LongTensor; ``-1`` at padding."""
-        score, grads = self._inside_with_grad(MaxSemiring, create_graph=False)
-        value = self._to_structure(*(g.detach() for g in grads))
-        return self._invalidate(value, score.detach())
+        score, indicators = self._map
+        value = self._to_structure(*indicators)
+        return self._invalidate(value, score)
 
     @cached_property
     def entropy(self) -> Tensor:
@@ -206,7 +251,222 @@ class StructuredDistribution:
             torch.isneginf(logz), torch.full_like(score, float("-inf")), score - logz
         )
 
+    # ---- counting, cross-entropy and KL divergence -----------------------------------------
+    @cached_property
+    def count(self) -> Tensor:
+        """Number of valid structures of each item (those with no ``-inf`` part, within its
+        length), float64 [B]; 0 for an item with none.
+
+        The log-semiring inside pass in float64 with every finite part set to 0 (so log Z is
+        the log of the count), exponentiated and rounded to the nearest integer: exact while
+        the pass's relative error times the count stays below 1/2 (the tests check counts up
+        to about 1e12); larger counts are float64 approximations. Not differentiable."""
+        with torch.no_grad():
+            parts = tuple(
+                torch.where(torch.isneginf(p), float("-inf"), 0.0).to(torch.float64)
+                for p in self._parts(*(t.detach() for t in self._raw))
+            )
+            log_count = self._inside(LogSemiring, parts, self.lengths).to(torch.float64)
+            return log_count.exp().round()
+
+    def _check_comparable(self, other: object) -> StructuredDistribution:
+        """``other`` as a distribution over the same structures as this one: the same class,
+        potentials of the same shapes, dtype and device, the same lengths (and options such as
+        ``multiroot``); ValueError naming what differs."""
+        if type(other) is not type(self):
+            raise ValueError(
+                f"`q` must be a {type(self).__name__} like `p` (the same structures), "
+                f"got {type(other).__name__}"
+            )
+        assert isinstance(other, StructuredDistribution)
+        for name, mine, theirs in zip(
+            self._option_names(), self._options(), other._options(), strict=True
+        ):
+            if mine != theirs:
+                raise ValueError(f"`p` and `q` differ in `{name}`: {mine!r} and {theirs!r}")
+        # part shapes: a shared [C, C] transition matrix and a per-step one are comparable
+        with torch.no_grad():
+            mine_parts = self._parts(*(t.detach() for t in self._raw))
+            their_parts = other._parts(*(t.detach() for t in other._raw))
+        for mine, theirs in zip(mine_parts, their_parts, strict=True):
+            if mine.shape != theirs.shape:
+                raise ValueError(
+                    "`p` and `q` must have potentials of the same shapes, got parts of shape "
+                    f"{tuple(mine.shape)} and {tuple(theirs.shape)}"
+                )
+            if mine.dtype != theirs.dtype or mine.device != theirs.device:
+                raise ValueError("`p` and `q` must have potentials of the same dtype and device")
+        size = self._raw[0].shape[1]
+        full = torch.full((self.batch_size,), size, dtype=torch.long, device=self._raw[0].device)
+        mine_len = full if self.lengths is None else self.lengths
+        their_len = full if other.lengths is None else other.lengths
+        if not torch.equal(mine_len.to(full.device), their_len.to(full.device)):
+            raise ValueError("`p` and `q` must have the same `lengths`")
+        return other
+
+    def _option_names(self) -> tuple[str, ...]:
+        """Names of the options besides the potentials that define the set of structures."""
+        return tuple(name for name in ("multiroot", "labelled") if hasattr(self, name))
+
+    def _options(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._option_names())
+
+    def _expected_part_scores(self, parts: Sequence[Tensor]) -> Tensor:
+        """E_p[Σ parts of z] under this distribution p, from its marginals, [B]: ``-inf``
+        where p gives mass to a part scored ``-inf``; parts p never uses do not count."""
+        marginals = self._marginals_tuple
+        total = parts[0].new_zeros(self.batch_size)
+        for marginal, part in zip(marginals, parts, strict=True):
+            used = marginal != 0
+            term = marginal * torch.where(used, part, torch.zeros_like(part))
+            total = total + term.flatten(1).sum(-1)
+        return total
+
+    def cross_entropy(self, q: StructuredDistribution) -> Tensor:
+        """Cross-entropy H(p, q) = -E_p[log q(z)] = log Z_q - E_p[score_q(z)] of ``q`` (same
+        class, shapes and lengths) under this distribution p, shape [B].
+
+        Exact, from p's marginals and q's log-partition (no sampling); differentiable in the
+        potentials of both. ``+inf`` where p gives mass to a structure that q forbids (or q
+        has no structure); 0 for an item where p has no structure (an empty expectation).
+        ``p.cross_entropy(p) == p.entropy``."""
+        q = self._check_comparable(q)
+        logz_q = q.log_partition
+        expected = self._expected_part_scores(q._parts(*q._raw))
+        value = logz_q - expected
+        value = torch.where(torch.isneginf(logz_q), torch.full_like(value, float("inf")), value)
+        return torch.where(torch.isneginf(self.log_partition), torch.zeros_like(value), value)
+
+    def kl_divergence(self, q: StructuredDistribution) -> Tensor:
+        """KL(p || q) = E_p[log p(z) - log q(z)] = H(p, q) - H(p) between this distribution
+        p and ``q`` (same class, shapes and lengths), shape [B].
+
+        Computed as ``log Z_q - log Z_p - E_p[score_q - score_p]`` from p's marginals (no
+        difference of two large cross-entropies), differentiable in the potentials of both;
+        >= 0 up to round-off (not clamped, so the gradient stays exact). ``+inf`` where p
+        gives mass to a structure that q forbids; 0 for an item where p has no structure."""
+        q = self._check_comparable(q)
+        logz_p, logz_q = self.log_partition, q.log_partition
+        own = self._parts(*self._raw)
+        other = q._parts(*q._raw)
+        # p's marginals are 0 on its own -inf parts: those are skipped, never -inf - -inf
+        diff = tuple(
+            torch.where(torch.isneginf(mine), torch.zeros_like(theirs), theirs - mine)
+            for mine, theirs in zip(own, other, strict=True)
+        )
+        logz_gap = torch.where(
+            torch.isneginf(logz_q) | torch.isneginf(logz_p),
+            torch.zeros_like(logz_q),
+            logz_q - logz_p,
+        )
+        value = logz_gap - self._expected_part_scores(diff)
+        value = torch.where(torch.isneginf(logz_q), torch.full_like(value, float("inf")), value)
+        return torch.where(torch.isneginf(logz_p), torch.zeros_like(value), value)
+
+    # ---- smoothed MAP and perturb-and-MAP (#41.7) -------------------------------------------
+    def _with_raw(self, *raw: Tensor) -> StructuredDistribution:
+        """A copy of this distribution with the potentials ``raw`` (the shapes of ``_raw``)
+        in place of its own, nothing computed yet (no cached output is copied)."""
+        new = copy.copy(self)
+        cls = type(self)
+        new.__dict__ = {
+            name: value
+            for name, value in self.__dict__.items()
+            if not isinstance(getattr(cls, name, None), cached_property)
+        }
+        for name, value in self.__dict__.items():  # attributes naming a raw tensor follow it
+            for old, replacement in zip(self._raw, raw, strict=True):
+                if value is old:
+                    setattr(new, name, replacement)
+        new._raw = tuple(raw)
+        return new
+
+    def tempered(self, temperature: float) -> StructuredDistribution:
+        """The distribution p_t(z) ∝ exp(score(z) / t) over the same structures (the same
+        class; every potential divided by ``temperature`` t > 0): t = 1 is this one, t -> 0
+        concentrates on the MAP structures (its ``marginals`` tend to ``argmax``'s
+        indicators where the MAP is unique), t -> inf on the uniform distribution.
+
+        ``t * tempered(t).log_partition`` is the entropy-smoothed max (:meth:`smoothed_max`)
+        and ``tempered(t).marginals`` its gradient: differentiable, dense relaxations of
+        ``max_score`` and ``argmax`` for structured attention."""
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+        if not temperature > 0 or math.isinf(temperature):
+            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+        if not self._homogeneous_parts:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no tempered form: its part scores are not "
+                "proportional to its potentials (dividing the potentials by t does not divide "
+                "every structure's score by t)"
+            )
+        return self._with_raw(*(t / temperature for t in self._raw))
+
+    def smoothed_max(self, temperature: float) -> Tensor:
+        """Entropy-smoothed max t log Σ_z exp(score(z) / t) = max over distributions q of
+        (E_q[score] + t H(q)), shape [B], with ``max_score <= smoothed_max(t) <= max_score +
+        t log(count)``: ``max_score`` as t -> 0, ``log_partition`` at t = 1. Its gradient
+        with respect to the parts is ``tempered(t)``'s marginals. ``-inf`` where no
+        structure is valid."""
+        return temperature * self.tempered(temperature).log_partition
+
+    def rsample(self, n: int = 1, temperature: float = 1.0) -> Tensor:
+        """``n`` perturb-and-MAP structures with a straight-through gradient, as indicators
+        of the shape of ``marginals``: [n, B, ...] (float, 0/1 forward).
+
+        Each draw adds independent Gumbel noise to every entry of the first potential tensor
+        (unary / arc / span / segment / pivot scores), takes the MAP structure of the
+        perturbed scores (forward: its 0/1 indicators) and back-propagates through the
+        marginals of the perturbed scores at ``temperature`` (the straight-through
+        estimator: value ``hard + (soft - soft.detach())``). The perturbation is per part, not
+        per structure, so the draws are **not** exact samples of this distribution (use
+        ``sample(n)`` for those); they are hard structures a layer can use in the forward
+        pass and still train. Uses the global torch RNG."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"`n` must be a positive int, got {n!r}")
+        draws = []
+        for _ in range(n):
+            first = self._raw[0]
+            uniform = torch.rand_like(first).clamp_(torch.finfo(first.dtype).tiny, 1.0)
+            gumbel = -(-uniform.log()).log()
+            perturbed = self._with_raw(first + gumbel, *self._raw[1:])
+            soft = perturbed.tempered(temperature).marginals  # type: ignore[attr-defined]
+            hard = perturbed._indicators(perturbed.argmax).to(soft.dtype)
+            draws.append(hard + (soft - soft.detach()))  # exactly 0/1 forward
+        return torch.stack(draws)
+
+    def _indicators(self, value: Tensor) -> Tensor:
+        """0/1 indicators of the shape of ``marginals`` for structures ``value`` in the
+        encoding of ``argmax`` (the span structures: that encoding itself; ``-1`` -> 0)."""
+        return value.clamp_min(0)
+
     # ---- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _argmax_first(scores: Tensor, structures: Tensor, best: Tensor) -> tuple[Tensor, Tensor]:
+        """A k-best list (scores [k, B], structures [k, B, ...], best first) reordered so that
+        rank 0 is ``best`` [B, ...] (the ``argmax``) where the list has tied best structures:
+        ``best`` is moved to the front if it is in the list, else it replaces rank 0 (then
+        every listed structure is tied with it, so the list stays a valid k-best list)."""
+        k = scores.shape[0]
+        if k == 0 or scores.shape[1] == 0:
+            return scores, structures
+        same = (structures == best.unsqueeze(0)).flatten(2).all(-1)  # [k, B]
+        found = same.any(0)  # [B]
+        missing = ~found & ~torch.isneginf(scores[0])
+        # the rank of ``best``; if it is not listed, the last rank (dropped for it)
+        rank = torch.where(found, same.to(torch.int8).argmax(0), k - 1)  # [B]
+        j = torch.arange(k, device=scores.device).unsqueeze(1)  # [k, 1]
+        order = torch.where(j == 0, rank, torch.where(j <= rank, j - 1, j))  # [r, 0, .., r-1, ..]
+        new_scores = scores.gather(0, order)
+        index = order.view(*order.shape, *([1] * (structures.dim() - 2))).expand_as(structures)
+        new_structures = structures.gather(0, index)
+        first = torch.where(missing.view(-1, *([1] * (best.dim() - 1))), best, new_structures[0])
+        new_structures = torch.cat([first.unsqueeze(0), new_structures[1:]])
+        new_scores = torch.cat(
+            [torch.where(missing, scores[0], new_scores[0]).unsqueeze(0), new_scores[1:]]
+        )
+        return new_scores, new_structures
+
     @staticmethod
     def _invalidate(value: Tensor, score: Tensor) -> Tensor:
         """Set every entry of items whose score is ``-inf`` (no valid structure) to ``-1``."""

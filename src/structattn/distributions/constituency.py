@@ -130,7 +130,8 @@ class TreeCRF(StructuredDistribution):
     def topk(self, k: int) -> tuple[Tensor, Tensor]:
         """Exact k best trees: (scores [k, B], spans [k, B, ...] 0/1 of the shape of
         ``span_scores``), best first; missing trees (fewer than k allowed) have score -inf
-        and spans -1.
+        and spans -1. Rank 0 is ``argmax`` for every k (among tied best trees too); the
+        scores are differentiable (gradient: each tree's spans) when the scores require grad.
 
         A k-best CKY pass (:func:`~structattn.structs.constituency.cky_kbest`, time
         O(B N^3 k^2 log k)) and one backward pass per rank for the trees."""
@@ -148,7 +149,19 @@ class TreeCRF(StructuredDistribution):
                     values[:, rank].sum(), scores, retain_graph=rank + 1 < k
                 )
                 trees.append(self._invalidate(grad.round().long(), values[:, rank].detach()))
-        return values.detach().T.contiguous(), torch.stack(trees)
+        # rank 0 is ``argmax`` also among tied best trees; differentiable scores (#41)
+        scores, spans = self._argmax_first(
+            values.detach().T.contiguous(), torch.stack(trees), self.argmax
+        )
+        if self._differentiable():
+            (parts,) = self._parts(self.span_scores)
+            scores = torch.stack(
+                [
+                    self._indicator_score((tree.clamp_min(0),), (parts,), best)
+                    for tree, best in zip(spans, scores, strict=True)
+                ]
+            )
+        return scores, spans
 
     def _check_spans(self, value: Tensor) -> tuple[Tensor, Tensor]:
         """(indicators, "no tree" items) of ``value``; ValueError if it is not 0/1 spans of

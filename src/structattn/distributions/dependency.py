@@ -149,6 +149,16 @@ class TreeCRFBase(StructuredDistribution):
         score = tree_score(arcs, heads, mask)
         return score.masked_fill(~self._valid(heads), float("-inf"))
 
+    def _map_score(self) -> Tensor:
+        # differentiable score of this class's own argmax (its gradient: the tree's arcs)
+        return self._tree_score(self.argmax)
+
+    def _indicators(self, value: Tensor) -> Tensor:
+        # heads [B, N] -> arcs [B, N, N] (arc heads[m] -> m; none where heads[m] = -1)
+        size = self.arc_scores.shape[-1]
+        arcs = torch.nn.functional.one_hot(value.clamp_min(0), size).transpose(1, 2)
+        return arcs * (value >= 0).unsqueeze(1)
+
     @property
     def marginals(self) -> Tensor:
         """p(arc h -> m), shape [B, N, N]; columns 1..len-1 sum to 1, column 0 and padding 0.

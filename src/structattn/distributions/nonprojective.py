@@ -111,11 +111,13 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
 
     @cached_property
     def max_score(self) -> Tensor:
-        """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid)."""
+        """Score of the highest-scoring tree, shape [B] (``-inf`` if none is valid);
+        differentiable (its gradient: the arcs (and labels) of ``argmax``) when the scores
+        require grad."""
         if self.label_scores is not None:
             return self._labelled_max_score()
-        with torch.no_grad():  # -1 (no tree) gives -inf
-            return self._tree_score(self.argmax)
+        with torch.set_grad_enabled(self._differentiable()):  # -1 (no tree) gives -inf
+            return self._map_score()
 
     def log_prob(self, heads: Tensor, labels: Tensor | None = None) -> Tensor:
         """log p(tree), shape [B]; ``heads`` LongTensor [B, N] (entries at ROOT and padding

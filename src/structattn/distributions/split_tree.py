@@ -72,6 +72,9 @@ class SplitTreeDistribution(StructuredDistribution):
         (0.21, True)
     """
 
+    # the node scores -logsumexp(scores) are not proportional to the scores (no ``tempered``)
+    _homogeneous_parts = False
+
     def __init__(
         self, scores: Tensor, lengths: Tensor | None = None, validate_args: bool = True
     ) -> None:

@@ -95,6 +95,16 @@ def chain_inside_scan(
     return semiring.sum(end, dim=-1)
 
 
+def _stable_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest entries of ``x`` along its last dimension and their indices, ties in
+    index order (``Tensor.topk`` leaves the order of ties unspecified)."""
+    if k == 1:  # ``max`` returns the first maximal index
+        best, index = x.max(dim=-1, keepdim=True)
+        return best, index
+    best, index = x.sort(dim=-1, descending=True, stable=True)
+    return best[..., :k], index[..., :k]
+
+
 @full_precision
 def chain_kbest(
     unary: Tensor, pairwise: Tensor, lengths: Tensor | None, k: int
@@ -103,6 +113,11 @@ def chain_kbest(
 
     Scores are sorted in decreasing order; when fewer than k label sequences have a finite
     score, the missing ones have score ``-inf`` and labels ``-1``. Padding labels are ``-1``.
+
+    Ties are broken the same way for every k (every selection is a stable sort: among
+    equal scores, the lower previous label, then the lower rank), so rank 0 is the same
+    sequence for every k: the Viterbi path with ties broken towards the lower label, from
+    the last position backwards.
     """
     batch, n, c = unary.shape
     device = unary.device
@@ -115,7 +130,7 @@ def chain_kbest(
         # cand[b, s', s, r] = alpha[b, s', r] + pairwise[b, i-1, s', s]
         cand = alpha.unsqueeze(2) + pairwise[:, i - 1].unsqueeze(-1)  # [B, C, C, k]
         cand = cand.permute(0, 2, 1, 3).reshape(batch, c, c * k)  # [B, C(s), C(s')*k]
-        best, index = cand.topk(k, dim=-1)  # [B, C, k]; index = s' * k + r
+        best, index = _stable_topk(cand, k)  # [B, C, k]; index = s' * k + r
         new = best + unary[:, i].unsqueeze(-1)
         if lengths is not None:
             active = (lengths > i).view(batch, 1, 1)
@@ -123,7 +138,7 @@ def chain_kbest(
             index = torch.where(active, index, identity)  # padding: stay in place
         alpha = new
         backpointers.append(index)
-    scores, last = alpha.reshape(batch, c * k).topk(k, dim=-1)  # [B, k]
+    scores, last = _stable_topk(alpha.reshape(batch, c * k), k)  # [B, k]
     labels = unary.new_empty((batch, k, n), dtype=torch.long)
     pointer = last  # [B, k], flat index s * k + r
     for i in range(n - 1, -1, -1):
