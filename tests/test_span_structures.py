@@ -26,6 +26,7 @@ from structattn import (
     structured_nll,
 )
 from structattn.distributions.base import StructuredDistribution
+from structattn.structs.constituency import cky_inside
 from structattn.trees import split_tree
 
 Params = tuple[Tensor, ...]
@@ -613,9 +614,29 @@ def test_works_under_no_grad_and_inference_mode(case: Case) -> None:
         torch.testing.assert_close(g, w)
 
 
+def _autograd_tree(scores: Tensor, lengths: Tensor) -> TreeCRF:
+    """A TreeCRF whose log Z is the semiring inside pass, differentiated by autograd (the
+    reference of the hand-written outside pass and Hessian-vector product)."""
+
+    class Auto(TreeCRF):
+        def _inside(self, semiring: Any, parts: Any, lengths: Tensor | None) -> Tensor:
+            (spans,) = parts
+            if self.labelled:
+                spans = semiring.sum(spans, dim=-1)
+            return cky_inside(spans, lengths, semiring)
+
+        @property
+        def marginals(self) -> Tensor:  # the base class's: autograd of log Z
+            return StructuredDistribution._marginals_tuple.func(self)[0]  # type: ignore[attr-defined]
+
+    return Auto(scores, lengths)
+
+
 @pytest.mark.parametrize("labels", [None, 3])
-def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
-    """Scores that do not require grad take the outside pass written by hand."""
+def test_tree_hand_written_outside_and_hvp_match_autograd(labels: int | None) -> None:
+    """The outside pass and the Hessian-vector product written by hand equal autograd
+    through the semiring inside pass (-inf spans, items without a tree, NaN padding,
+    length 1), in float64 and with |scores| ~ 1e4 in float32."""
     n = 7
     shape = (5, n, n) if labels is None else (5, n, n, labels)
     scores = torch.randn(shape, dtype=torch.float64)
@@ -625,15 +646,30 @@ def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
     scores[4, 2:] = float("nan")  # item 4: padding
     lengths = torch.tensor([7, 5, 1, 6, 2])
     hand = TreeCRF(scores, lengths)
-    auto = TreeCRF(scores.clone().requires_grad_(), lengths)
+    auto = _autograd_tree(scores.clone().requires_grad_(), lengths)
     torch.testing.assert_close(hand.marginals, auto.marginals.detach())
     torch.testing.assert_close(hand.entropy, auto.entropy.detach())
     assert (hand.marginals[3] == 0).all() and torch.isfinite(hand.marginals).all()
-    big = torch.randn(shape) * 1e4
+    # first and second order: the gradient of log Z and of a loss on the marginals
+    weight = torch.randn(shape, dtype=torch.float64)
+    grads = []
+    for build in (TreeCRF, _autograd_tree):
+        x = scores.clone().requires_grad_()
+        dist = build(x, lengths)
+        (g1,) = torch.autograd.grad(dist.log_partition.sum(), x, create_graph=True)
+        (g2,) = torch.autograd.grad((g1 * weight).nan_to_num().sum(), x)
+        (g3,) = torch.autograd.grad((dist.marginals * weight).nan_to_num().sum(), x)
+        grads.append((g1.detach(), g2, g3))
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got.nan_to_num(), want.nan_to_num())
+    torch.testing.assert_close(grads[0][1].nan_to_num(), grads[0][2].nan_to_num())
+    big = (torch.randn(shape) * 1e4).requires_grad_()
     hand32 = TreeCRF(big, lengths).marginals
-    auto32 = TreeCRF(big.clone().requires_grad_(), lengths).marginals.detach()
+    auto32 = _autograd_tree(big, lengths).marginals
     assert torch.isfinite(hand32).all()
     torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)
+    (hvp,) = torch.autograd.grad((hand32 * weight.float()).sum(), big)
+    assert torch.isfinite(hvp).all()
 
 
 @pytest.mark.parametrize("labels", [None, 2])
