@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from .._validation import check_lengths, check_potentials
-from ..semirings import MaxSemiring, Semiring
-from ..structs.semi_markov import segment_mask, semi_markov_inside
+from ..semirings import LogSemiring, MaxSemiring, Semiring
+from ..structs.semi_markov import segment_mask, semi_markov_inside, semi_markov_log_partition
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -110,6 +110,8 @@ class SemiMarkovCRF(StructuredDistribution):
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
         segments, transitions = parts
+        if semiring is LogSemiring:  # the marginals (its backward) by hand
+            return semi_markov_log_partition(segments, transitions, lengths)
         return semi_markov_inside(segments, transitions, lengths, semiring)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
