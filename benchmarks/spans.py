@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from bound import bound_seconds, latency_floor_seconds, row_work
-from timing import time_interleaved
+from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
 
 SPAN_SECTIONS = ("span", "semi")
@@ -254,10 +254,12 @@ def run_section(
             if isinstance(errors, str):
                 continue
             ok = errors["logz"] <= 1e-4 and errors["marg"] <= 1e-4 * max(1.0, problem.size / 50)
-            results.messages.append(
-                f"[{section}] {problem.label} {name} vs ours float64: logz {errors['logz']:.1e},"
-                f" marg {errors['marg']:.1e} {'OK' if ok else 'FAIL'}"
+            line = (
+                f"{'OK  ' if ok else 'FAIL'} {section} {problem.label} {name} vs ours in float64: "
+                f"logz {errors['logz']:.1e}, marg {errors['marg']:.1e}"
             )
+            results.messages.append(line)
+            say(line)
             if not ok:
                 failed.add(name)
                 say(f"FAIL {section} {problem.label}: {name} disagrees with ours in float64")
@@ -288,6 +290,36 @@ def run_section(
             row.warm = timings["ours"].warm if "ours" in timings else []
             row.skipped = skipped
             results.rows.append(row)
+    if settings.memory:
+        run_span_memory(section, settings, results)
+
+
+def run_span_memory(section: str, settings: Any, results: Any) -> None:
+    """Peak extra memory of each library's ops on the section's largest problem."""
+    libs, _ = libraries()
+    every = problems(section, settings.quick, settings.batch, settings.seed)
+    largest = max(p.size for p in every)
+    chosen = [p for p in every if p.size == largest and p.labels in (1, 10)]
+    for problem, lib in [
+        (p, lib) for p in (chosen if section == "span" else every[-1:]) for lib in libs
+    ]:
+        prepared = lib.prepare(problem)
+        if isinstance(prepared, str):
+            continue
+        leaves, logz, marg = prepared
+        for op in SPAN_OPS:
+            fn = _op(op, leaves, logz, marg, problem.weight)  # noqa: B023
+            fn()  # warm-up
+            results.memory.append(
+                {
+                    "section": section,
+                    "op": op,
+                    "size": problem.size,
+                    "batch": problem.batch,
+                    "library": f"{lib.name} ({problem.label})",
+                    "peak_bytes": peak_memory_bytes(fn),
+                }
+            )
 
 
 def span_work(section: str, op: str, problem: SpanProblem) -> Any:
