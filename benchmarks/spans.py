@@ -290,6 +290,9 @@ def run_section(
             row.warm = timings["ours"].warm if "ours" in timings else []
             row.skipped = skipped
             results.rows.append(row)
+            times = ", ".join(f"{lib} {t * 1e3:.2f} ms" for lib, t in row.times.items())
+            ratio = "n/a" if row.ratio is None else f"{row.ratio:.2f}"
+            say(f"  {section} {op} {problem.label}: {times}; ours/best {ratio}")
     if settings.memory:
         run_span_memory(section, settings, results)
 

@@ -699,3 +699,65 @@ def test_tree_topk_against_brute_force(labels: int | None) -> None:
         assert trees[found:, b].eq(-1).all()
     with pytest.raises(ValueError, match="k"):
         dist.topk(0)
+
+
+# ---- autocast, C++ kernels ------------------------------------------------------------------
+def _span_marginals(x: Tensor) -> dict[str, Tensor]:
+    """Marginals of each span distribution from potentials made of ``x`` [2, 6, 6]."""
+    return {
+        "tree": TreeCRF(x).marginals,
+        "labelled-tree": TreeCRF(torch.stack([x, 2 * x], -1)).marginals,
+        "semi-markov": SemiMarkovCRF(x[:, :, :3].unsqueeze(-1).expand(2, 6, 3, 2)).marginals,
+        "split-tree": SplitTreeDistribution(x[:, 0]).marginals,
+    }
+
+
+def test_span_distributions_compute_in_float32_under_autocast() -> None:
+    """Under bfloat16 autocast (a layer's matmul output) the span DPs run in float32 and give
+    the float32 values; their backward runs too (issue 38.6, as tests/test_autocast.py)."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 6, 6).bfloat16().float().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = scores @ torch.eye(6)
+        assert half.dtype == torch.bfloat16
+        got = _span_marginals(half)
+    want = _span_marginals(scores.detach().bfloat16().float())
+    for name, marginals in got.items():
+        assert marginals.dtype == torch.float32, name
+        torch.testing.assert_close(marginals, want[name], rtol=1e-5, atol=1e-6)
+    sum(m.pow(2).sum() for m in got.values()).backward()
+    assert scores.grad is not None and torch.isfinite(scores.grad).all()
+
+
+def test_cky_kernel_matches_pytorch_path() -> None:
+    """The C++ CKY kernels (_cky.cpp) give the PyTorch path's log Z, marginals and
+    Hessian-vector product (-inf spans, no tree, NaN padding, length 1; float32 and 64)."""
+    from structattn.structs._extension import kernels_disabled
+    from structattn.structs.constituency import _kernel_ops
+
+    if _kernel_ops(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("C++ kernels not built (STRUCTATTN_EXTENSION=0 or no compiler)")
+    torch.manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        scores = torch.randn(5, 9, 9, 2, dtype=dtype)
+        scores[0, 1, 3] = float("-inf")
+        scores[3] = float("-inf")
+        scores[4, 2:] = float("nan")
+        lengths = torch.tensor([9, 5, 1, 6, 2])
+        weight = torch.randn_like(scores)
+
+        def run(
+            scores: Tensor = scores, lengths: Tensor = lengths, weight: Tensor = weight
+        ) -> tuple[Tensor, ...]:
+            x = scores.clone().requires_grad_()
+            dist = TreeCRF(x, lengths)
+            (hvp,) = torch.autograd.grad((dist.marginals * weight).nan_to_num().sum(), x)
+            (grad,) = torch.autograd.grad(dist.log_partition.sum(), x)
+            return dist.log_partition, dist.marginals, grad, hvp
+
+        got = run()
+        with kernels_disabled():
+            want = run()
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.detach().nan_to_num(), w.detach().nan_to_num(), **tol)

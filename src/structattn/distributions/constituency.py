@@ -7,6 +7,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.constituency import (
@@ -65,6 +66,8 @@ class TreeCRF(StructuredDistribution):
     def __init__(
         self, span_scores: Tensor, lengths: Tensor | None = None, validate_args: bool = True
     ) -> None:
+        if isinstance(span_scores, Tensor):  # under autocast: inference in float32
+            (span_scores,) = autocast_widened(span_scores)
         if validate_args:
             check_tensor("span_scores", span_scores, (3, 4))
             batch, size, size2 = span_scores.shape[:3]

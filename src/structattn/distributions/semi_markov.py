@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.semi_markov import segment_mask, semi_markov_inside, semi_markov_log_partition
@@ -61,6 +62,10 @@ class SemiMarkovCRF(StructuredDistribution):
         lengths: Tensor | None = None,
         validate_args: bool = True,
     ) -> None:
+        if isinstance(segment_scores, Tensor):  # under autocast: inference in float32
+            (segment_scores,) = autocast_widened(segment_scores)
+        if isinstance(transitions, Tensor):
+            (transitions,) = autocast_widened(transitions)
         if validate_args:
             check_tensor("segment_scores", segment_scores, (4,))
             batch, size, width, labels = segment_scores.shape

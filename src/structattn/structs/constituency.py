@@ -30,6 +30,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._extension import kernels as compiled_kernels
 
 __all__ = [
     "cky_inside",
@@ -138,6 +139,8 @@ class _Charts(NamedTuple):
     inner: Tensor  # inner(i, j) = I(i, j) - s(i, j), the log-sum over the splits; -inf -> 0
     last: Tensor  # [B]: n - 1
     logz: Tensor  # [B]
+    #: the C++ kernels' charts (float64; the third is I by column) where they ran, else None
+    kernel: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
 
 def _view(chart: Tensor, w: int, offset: int, strides: tuple[int, ...]) -> Tensor:
@@ -163,11 +166,29 @@ def _right(chart: Tensor, w: int) -> Tensor:
     return _view(chart, w, size + w - 1, (size + 1, size))
 
 
+def _kernel_ops(span_scores: Tensor) -> Any:
+    """``torch.ops.structattn_cky`` where the C++ kernels apply to ``span_scores`` (CPU,
+    float32 or float64, built), else None (the PyTorch code below)."""
+    if compiled_kernels(span_scores) is None:
+        return None
+    try:  # registered by _cky.cpp when the kernels load (absent from an older build)
+        torch.ops.structattn_cky.inside  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return None
+    return torch.ops.structattn_cky
+
+
 def _cky_charts(span_scores: Tensor, lengths: Tensor | None) -> _Charts:
     """The log-semiring inside pass without autograd (``span_scores`` [B, N, N] detached):
-    per width one ``logsumexp`` over the splits of strided views of the chart."""
+    in the C++ kernels (``_cky.cpp``) on CPU, else per width one ``logsumexp`` over the
+    splits of strided views of the chart."""
     batch, size, _ = span_scores.shape
     last = last_index(lengths, batch, size, span_scores.device)
+    ops = _kernel_ops(span_scores)
+    if ops is not None:
+        kernel = tuple(ops.inside(span_scores, last))
+        logz = kernel[3].to(span_scores.dtype)
+        return _Charts(kernel[0], kernel[1], last, logz, kernel)
     scores = span_scores.contiguous()
     inside = torch.zeros_like(scores)
     inner = torch.zeros_like(scores)
@@ -219,6 +240,10 @@ def _cky_outside(charts: _Charts) -> Tensor:
     probability of each of its splits (:func:`_split_probs`) to the split's two children,
     and a span's marginal is the total it receives (the whole sentence: 1). Time O(B N^3):
     per width one exp, one product and two in-place sums over [B, N - w + 1, w - 1]."""
+    if charts.kernel is not None:
+        inside, inner, inside_t, logz = charts.kernel
+        marginals = torch.ops.structattn_cky.outside(inside, inner, inside_t, logz, charts.last)
+        return marginals.to(charts.logz.dtype)
     inside = charts.inside
     batch, size, _ = inside.shape
     marginals = torch.zeros_like(inside)
@@ -253,6 +278,10 @@ def _cky_hvp(charts: _Charts, direction: Tensor) -> Tensor:
         p_k(P) [g(P) + p(P) (D_k(P) - dot inner(P))],
 
     and the result is g, as a span's score enters only its own I. Time O(B N^3)."""
+    if charts.kernel is not None:
+        inside, inner, inside_t, logz = charts.kernel
+        ops = torch.ops.structattn_cky
+        return ops.hvp(inside, inner, inside_t, logz, charts.last, direction).to(direction.dtype)
     inside = charts.inside
     batch, size, _ = inside.shape
     direction = direction.contiguous()
@@ -382,6 +411,7 @@ def _topk(x: Tensor, k: int) -> Tensor:
     return x.topk(k, dim=-1).values
 
 
+@full_precision
 def cky_kbest(span_scores: Tensor, lengths: Tensor | None, k: int) -> Tensor:
     """Scores of the k best (labelled) bracketings of each item, [B, k], best first
     (``-inf`` where an item has fewer than k allowed trees).
