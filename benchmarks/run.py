@@ -804,7 +804,7 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
         )
         _say(format_table(results, section))
     for section in spans:
-        run_section(section, settings, results, Row, progress, _say)
+        run_section(section, settings, results, Row, Check, progress, _say)
         if json_path:
             Path(json_path).write_text(json.dumps(results.to_json(), indent=1))
         _say(

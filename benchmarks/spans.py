@@ -237,11 +237,13 @@ def run_section(
     settings: Any,
     results: Any,
     make_row: Callable[..., Any],
+    make_check: Callable[..., Any],
     progress: Any,
     say: Callable[..., None],
 ) -> None:
     """Check, then time every op of ``section`` (``span`` or ``semi``) for every library,
-    interleaved; append ``Row`` objects (``make_row``) to ``results.rows``."""
+    interleaved; append ``Row`` objects (``make_row``) to ``results.rows`` and ``Check``
+    objects (``make_check``, our float64 the reference) to ``results.checks``."""
     warnings.filterwarnings("ignore", message=".*does not define `arg_constraints`")
     libs, missing = libraries()
     for message in missing:
@@ -259,6 +261,7 @@ def run_section(
                 f"logz {errors['logz']:.1e}, marg {errors['marg']:.1e}"
             )
             results.messages.append(line)
+            results.checks.append(make_check(section, problem.label, name, "float64", errors, ok))
             say(line)
             if not ok:
                 failed.add(name)
