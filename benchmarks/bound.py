@@ -10,7 +10,9 @@ The bound of a row is ``work / peak``:
   ``4 * sum_{w=1}^{N-1} (N - w) * w = 2 (N^3 - N) / 3`` log elements (two incomplete and two
   complete span kinds, width w, w split points each); a linear chain ``(N - 1) C^2``; the
   matrix-tree log-determinant an LU, ``N^3 / 3`` multiply-adds, and its gradient the
-  inverse from the LU, ``2 N^3 / 3`` more.
+  inverse from the LU, ``2 N^3 / 3`` more; CKY over N words ``(N^3 - N) / 6`` (every split
+  of every span; labelled: + L per span for the logsumexp over the labels); a semi-Markov
+  chain about ``N K C + (N - 1) C^2``.
 * Passes per op: log Z forward+backward touches every element twice (inside, then the
   weights ``exp(x - logZ)`` of the outside pass); marginals (forward) the same; marginals
   forward+backward four times (the backward of a backward); MAP once, in the max semiring.
@@ -45,10 +47,12 @@ __all__ = [
     "Rates",
     "Work",
     "bound_seconds",
+    "cky_elements",
     "eisner_elements",
     "latency_floor_seconds",
     "measure_rates",
     "row_work",
+    "semi_markov_elements",
 ]
 
 
@@ -155,13 +159,38 @@ def eisner_elements(n: int) -> int:
 PASSES = {"logz_fb": 2, "marg": 2, "marg_fb": 4, "argmax": 1}
 
 
-def row_work(section: str, op: str, lengths: Tensor, labels: int = 0) -> Work:
-    """The work of one benchmark row: ``section`` tree | chain | nonproj, ``op`` one of
-    :data:`PASSES`, ``lengths`` LongTensor [B] of real positions (ROOT included for trees),
-    ``labels`` C for chains."""
+def cky_elements(n: int, labels: int = 1) -> int:
+    """Log elements of the CKY inside pass over ``n`` words: every split of every span,
+    ``sum_{w=2}^{n} (n - w + 1)(w - 1) = (n^3 - n) / 6``, plus the logsumexp over the
+    ``labels`` of each of the n (n + 1) / 2 spans when they are labelled (L > 1)."""
+    splits = (n**3 - n) // 6
+    return splits + (n * (n + 1) // 2 * labels if labels > 1 else 0)
+
+
+def semi_markov_elements(n: int, width: int, labels: int) -> int:
+    """Log elements of the semi-Markov forward pass over ``n`` positions: the segments
+    ending at each position t, min(K, t + 1) C, and the transitions into the next one, C^2."""
+    ends = sum(min(width, t + 1) for t in range(n)) * labels
+    return ends + (n - 1) * labels * labels
+
+
+def row_work(section: str, op: str, lengths: Tensor, labels: int = 0, width: int = 0) -> Work:
+    """The work of one benchmark row: ``section`` tree | chain | nonproj | span | semi,
+    ``op`` one of :data:`PASSES`, ``lengths`` LongTensor [B] of real positions (ROOT
+    included for dependency trees), ``labels`` C for chains and semi-Markov chains, L for
+    constituency trees, ``width`` K for semi-Markov chains."""
     passes = PASSES[op]
     sizes = [int(n) for n in lengths.tolist()]
     longest = max(sizes)
+    if section == "span":
+        elements = float(sum(cky_elements(n, labels) for n in sizes)) * passes
+        steps = (longest - 1) * passes
+        return (
+            Work(max=elements, steps=steps) if op == "argmax" else Work(log=elements, steps=steps)
+        )
+    if section == "semi":
+        elements = float(sum(semi_markov_elements(n, width, labels) for n in sizes)) * passes
+        return Work(log=elements, steps=longest * passes)
     if section == "tree":
         elements = float(sum(eisner_elements(n) for n in sizes)) * passes
         steps = (longest - 1) * passes

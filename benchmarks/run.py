@@ -27,6 +27,9 @@ Measurements (float32, ``torch.set_num_threads(2)`` unless ``--threads``):
   ``marg`` (marginals, forward, on potentials that require grad) and ``marg_fb``.
 * ``nonproj`` NonProjectiveDependencyCRF (when structattn has it), B=32, N in {10..80}:
   ``logz_fb``, ``marg_fb`` and ``argmax`` (torch-struct has no non-projective argmax).
+* ``span`` TreeCRF (CKY), B=32, N in {10, 20, 40}, L in {1, 10}, and ``semi``
+  SemiMarkovCRF, B=32, N in {50, 100}, K in {4, 10}, C in {2, 10}: ``logz_fb`` and
+  ``marg_fb`` (``spans.py``).
 """
 
 from __future__ import annotations
@@ -53,13 +56,16 @@ import torch
 from bound import Rates, bound_seconds, latency_floor_seconds, measure_rates, row_work
 from peers import Adapter, State, adapters_for
 from problems import Problem, brute_chain, brute_tree, make_chain, make_tree
+from spans import SPAN_OPS, SPAN_SECTIONS, format_span_table, run_section
+from spans import problems as span_problems
 from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
 
-SECTIONS = ("tree", "chain", "nonproj")
+SECTIONS = ("tree", "chain", "nonproj", *SPAN_SECTIONS)
 # sections run only when named by --only (their own table: benchmarks/tree_ops.py)
 EXTRA_SECTIONS = ("treeops",)
 OPS = {
+    **dict.fromkeys(SPAN_SECTIONS, SPAN_OPS),
     "tree": ("logz_fb", "marg_fb", "argmax"),
     "chain": ("logz_fb", "marg", "marg_fb"),
     "nonproj": ("logz_fb", "marg_fb", "argmax"),
@@ -654,6 +660,8 @@ def plot(results: Results, path: str) -> bool:
         return False
     panels: list[tuple[str, str, int]] = []
     for section in SECTIONS:
+        if section in SPAN_SECTIONS:
+            continue  # in the tables only
         for op in OPS[section]:
             labels = sorted({r.labels for r in results.rows if r.section == section and r.op == op})
             for c in labels:
@@ -775,8 +783,13 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
         f"{r.call_s * 1e6:.1f} us (benchmarks/bound.py)"
     )
     plan: list[tuple[str, list[Adapter], list[Problem]]] = []
+    spans = [s for s in settings.sections if s in SPAN_SECTIONS]
+    span_steps = sum(
+        len(SPAN_OPS) * len(span_problems(s, settings.quick, settings.batch, settings.seed))
+        for s in spans
+    )
     for section in settings.sections:
-        if section in EXTRA_SECTIONS:
+        if section in EXTRA_SECTIONS or section in SPAN_SECTIONS:
             continue
         adapters, skipped = adapters_for(section)
         for message in skipped:
@@ -784,7 +797,7 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
             results.messages.append(f"[{section}] {message}")
         if adapters:
             plan.append((section, adapters, _problems(section, settings)))
-    progress = Progress(sum(len(OPS[s]) * len(p) for s, _, p in plan))
+    progress = Progress(sum(len(OPS[s]) * len(p) for s, _, p in plan) + span_steps)
     for section, adapters, problems in plan:
         brute_force_checks(section, adapters, results)
         for problem in problems:
@@ -798,6 +811,15 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
             f"median of {settings.back_to_back} back-to-back calls per repeat)\n"
         )
         _say(format_table(results, section))
+    for section in spans:
+        run_section(section, settings, results, Row, Check, progress, _say)
+        if json_path:
+            Path(json_path).write_text(json.dumps(results.to_json(), indent=1))
+        _say(
+            f"\n## {section}  (median ms over {settings.repeats} interleaved repeats; ours b2b: "
+            f"median of {settings.back_to_back} back-to-back calls per repeat)\n"
+        )
+        _say(format_span_table(results, section, OP_TITLES))
     if "treeops" in settings.sections:
         import tree_ops
 

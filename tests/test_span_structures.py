@@ -26,6 +26,7 @@ from structattn import (
     structured_nll,
 )
 from structattn.distributions.base import StructuredDistribution
+from structattn.structs.constituency import cky_inside
 from structattn.trees import split_tree
 
 Params = tuple[Tensor, ...]
@@ -613,9 +614,29 @@ def test_works_under_no_grad_and_inference_mode(case: Case) -> None:
         torch.testing.assert_close(g, w)
 
 
+def _autograd_tree(scores: Tensor, lengths: Tensor) -> TreeCRF:
+    """A TreeCRF whose log Z is the semiring inside pass, differentiated by autograd (the
+    reference of the hand-written outside pass and Hessian-vector product)."""
+
+    class Auto(TreeCRF):
+        def _inside(self, semiring: Any, parts: Any, lengths: Tensor | None) -> Tensor:
+            (spans,) = parts
+            if self.labelled:
+                spans = semiring.sum(spans, dim=-1)
+            return cky_inside(spans, lengths, semiring)
+
+        @property
+        def marginals(self) -> Tensor:  # the base class's: autograd of log Z
+            return StructuredDistribution._marginals_tuple.func(self)[0]  # type: ignore[attr-defined]
+
+    return Auto(scores, lengths)
+
+
 @pytest.mark.parametrize("labels", [None, 3])
-def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
-    """Scores that do not require grad take the outside pass written by hand."""
+def test_tree_hand_written_outside_and_hvp_match_autograd(labels: int | None) -> None:
+    """The outside pass and the Hessian-vector product written by hand equal autograd
+    through the semiring inside pass (-inf spans, items without a tree, NaN padding,
+    length 1), in float64 and with |scores| ~ 1e4 in float32."""
     n = 7
     shape = (5, n, n) if labels is None else (5, n, n, labels)
     scores = torch.randn(shape, dtype=torch.float64)
@@ -625,15 +646,30 @@ def test_tree_hand_written_outside_matches_autograd(labels: int | None) -> None:
     scores[4, 2:] = float("nan")  # item 4: padding
     lengths = torch.tensor([7, 5, 1, 6, 2])
     hand = TreeCRF(scores, lengths)
-    auto = TreeCRF(scores.clone().requires_grad_(), lengths)
+    auto = _autograd_tree(scores.clone().requires_grad_(), lengths)
     torch.testing.assert_close(hand.marginals, auto.marginals.detach())
     torch.testing.assert_close(hand.entropy, auto.entropy.detach())
     assert (hand.marginals[3] == 0).all() and torch.isfinite(hand.marginals).all()
-    big = torch.randn(shape) * 1e4
+    # first and second order: the gradient of log Z and of a loss on the marginals
+    weight = torch.randn(shape, dtype=torch.float64)
+    grads = []
+    for build in (TreeCRF, _autograd_tree):
+        x = scores.clone().requires_grad_()
+        dist = build(x, lengths)
+        (g1,) = torch.autograd.grad(dist.log_partition.sum(), x, create_graph=True)
+        (g2,) = torch.autograd.grad((g1 * weight).nan_to_num().sum(), x)
+        (g3,) = torch.autograd.grad((dist.marginals * weight).nan_to_num().sum(), x)
+        grads.append((g1.detach(), g2, g3))
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got.nan_to_num(), want.nan_to_num())
+    torch.testing.assert_close(grads[0][1].nan_to_num(), grads[0][2].nan_to_num())
+    big = (torch.randn(shape) * 1e4).requires_grad_()
     hand32 = TreeCRF(big, lengths).marginals
-    auto32 = TreeCRF(big.clone().requires_grad_(), lengths).marginals.detach()
+    auto32 = _autograd_tree(big, lengths).marginals
     assert torch.isfinite(hand32).all()
     torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)
+    (hvp,) = torch.autograd.grad((hand32 * weight.float()).sum(), big)
+    assert torch.isfinite(hvp).all()
 
 
 @pytest.mark.parametrize("labels", [None, 2])
@@ -663,3 +699,65 @@ def test_tree_topk_against_brute_force(labels: int | None) -> None:
         assert trees[found:, b].eq(-1).all()
     with pytest.raises(ValueError, match="k"):
         dist.topk(0)
+
+
+# ---- autocast, C++ kernels ------------------------------------------------------------------
+def _span_marginals(x: Tensor) -> dict[str, Tensor]:
+    """Marginals of each span distribution from potentials made of ``x`` [2, 6, 6]."""
+    return {
+        "tree": TreeCRF(x).marginals,
+        "labelled-tree": TreeCRF(torch.stack([x, 2 * x], -1)).marginals,
+        "semi-markov": SemiMarkovCRF(x[:, :, :3].unsqueeze(-1).expand(2, 6, 3, 2)).marginals,
+        "split-tree": SplitTreeDistribution(x[:, 0]).marginals,
+    }
+
+
+def test_span_distributions_compute_in_float32_under_autocast() -> None:
+    """Under bfloat16 autocast (a layer's matmul output) the span DPs run in float32 and give
+    the float32 values; their backward runs too (issue 38.6, as tests/test_autocast.py)."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 6, 6).bfloat16().float().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = scores @ torch.eye(6)
+        assert half.dtype == torch.bfloat16
+        got = _span_marginals(half)
+    want = _span_marginals(scores.detach().bfloat16().float())
+    for name, marginals in got.items():
+        assert marginals.dtype == torch.float32, name
+        torch.testing.assert_close(marginals, want[name], rtol=1e-5, atol=1e-6)
+    sum(m.pow(2).sum() for m in got.values()).backward()
+    assert scores.grad is not None and torch.isfinite(scores.grad).all()
+
+
+def test_cky_kernel_matches_pytorch_path() -> None:
+    """The C++ CKY kernels (_cky.cpp) give the PyTorch path's log Z, marginals and
+    Hessian-vector product (-inf spans, no tree, NaN padding, length 1; float32 and 64)."""
+    from structattn.structs._extension import kernels_disabled
+    from structattn.structs.constituency import _kernel_ops
+
+    if _kernel_ops(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("C++ kernels not built (STRUCTATTN_EXTENSION=0 or no compiler)")
+    torch.manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        scores = torch.randn(5, 9, 9, 2, dtype=dtype)
+        scores[0, 1, 3] = float("-inf")
+        scores[3] = float("-inf")
+        scores[4, 2:] = float("nan")
+        lengths = torch.tensor([9, 5, 1, 6, 2])
+        weight = torch.randn_like(scores)
+
+        def run(
+            scores: Tensor = scores, lengths: Tensor = lengths, weight: Tensor = weight
+        ) -> tuple[Tensor, ...]:
+            x = scores.clone().requires_grad_()
+            dist = TreeCRF(x, lengths)
+            (hvp,) = torch.autograd.grad((dist.marginals * weight).nan_to_num().sum(), x)
+            (grad,) = torch.autograd.grad(dist.log_partition.sum(), x)
+            return dist.log_partition, dist.marginals, grad, hvp
+
+        got = run()
+        with kernels_disabled():
+            want = run()
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.detach().nan_to_num(), w.detach().nan_to_num(), **tol)

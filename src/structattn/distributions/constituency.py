@@ -7,9 +7,16 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from ..structs.constituency import cky_inside, cky_kbest, cky_marginals, span_mask
+from ..structs.constituency import (
+    cky_inside,
+    cky_kbest,
+    cky_log_partition,
+    cky_marginals,
+    span_mask,
+)
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -42,12 +49,12 @@ class TreeCRF(StructuredDistribution):
     the tree). The labels factor, so they are summed out first (one ``logsumexp`` over L per
     span) and the labelled CKY costs O(B N^2 L) on top of the unlabelled pass.
 
-    CKY inside pass (:func:`~structattn.structs.constituency.cky_inside`): time O(B N^3)
-    (N - 1 sequential span widths, one batched step each), memory O(B N^2) forward; the
-    marginals are the gradient of log Z by autograd (O(B N^3) memory) where the scores
-    require grad (a loss on the marginals back-propagates by autograd's double backward),
-    and otherwise (inference) come from an outside pass written by hand
-    (:func:`~structattn.structs.constituency.cky_marginals`).
+    CKY inside pass (:func:`~structattn.structs.constituency.cky_log_partition`): time
+    O(B N^3) (N - 1 sequential span widths, one batched step each), memory O(B N^2); its
+    backward, the marginals, is an outside pass written by hand
+    (:func:`~structattn.structs.constituency.cky_marginals`), and their backward (a loss on
+    the marginals, as structured attention trains) a hand-written Hessian-vector product:
+    no autograd graph through the O(B N^3) terms.
     ``topk(k)`` gives the exact k best trees (k-best CKY, O(B N^3 k^2 log k)).
 
     Example:
@@ -59,6 +66,8 @@ class TreeCRF(StructuredDistribution):
     def __init__(
         self, span_scores: Tensor, lengths: Tensor | None = None, validate_args: bool = True
     ) -> None:
+        if isinstance(span_scores, Tensor):  # under autocast: inference in float32
+            (span_scores,) = autocast_widened(span_scores)
         if validate_args:
             check_tensor("span_scores", span_scores, (3, 4))
             batch, size, size2 = span_scores.shape[:3]
@@ -96,6 +105,8 @@ class TreeCRF(StructuredDistribution):
         (scores,) = parts
         if self.labelled:  # the labels factor: ⊕ over them first, [B, N, N]
             scores = semiring.sum(scores, dim=-1)
+        if semiring is LogSemiring:  # hand-written outside pass and Hessian-vector product
+            return cky_log_partition(scores, lengths)
         return cky_inside(scores, lengths, semiring)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
@@ -109,10 +120,9 @@ class TreeCRF(StructuredDistribution):
 
     @cached_property
     def _marginals_tuple(self) -> tuple[Tensor, ...]:
-        if self._differentiable():  # autograd, so that a loss on the marginals trains
-            return super()._marginals_tuple
-        # inference: the outside pass written by hand
-        with torch.no_grad():
+        # the outside pass by hand, one autograd node whose backward is the hand-written
+        # Hessian-vector product (a loss on the marginals trains through it)
+        with torch.set_grad_enabled(self._differentiable()):
             (parts,) = self._parts(self.span_scores)
             spans = LogSemiring.sum(parts, dim=-1) if self.labelled else parts  # [B, N, N]
             _, marginals = cky_marginals(spans, self.lengths)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials
-from ..semirings import MaxSemiring, Semiring
-from ..structs.semi_markov import segment_mask, semi_markov_inside
+from ..semirings import LogSemiring, MaxSemiring, Semiring
+from ..structs.semi_markov import segment_mask, semi_markov_inside, semi_markov_log_partition
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -61,6 +62,10 @@ class SemiMarkovCRF(StructuredDistribution):
         lengths: Tensor | None = None,
         validate_args: bool = True,
     ) -> None:
+        if isinstance(segment_scores, Tensor):  # under autocast: inference in float32
+            (segment_scores,) = autocast_widened(segment_scores)
+        if isinstance(transitions, Tensor):
+            (transitions,) = autocast_widened(transitions)
         if validate_args:
             check_tensor("segment_scores", segment_scores, (4,))
             batch, size, width, labels = segment_scores.shape
@@ -110,6 +115,8 @@ class SemiMarkovCRF(StructuredDistribution):
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
         segments, transitions = parts
+        if semiring is LogSemiring:  # the marginals (its backward) by hand
+            return semi_markov_log_partition(segments, transitions, lengths)
         return semi_markov_inside(segments, transitions, lengths, semiring)
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .._precision import autocast_widened
 from .._validation import check_lengths, length_mask
 from ..semirings import MaxSemiring, Semiring
 from ..structs.constituency import span_mask, spans_to_chart
@@ -78,6 +79,8 @@ class SplitTreeDistribution(StructuredDistribution):
     def __init__(
         self, scores: Tensor, lengths: Tensor | None = None, validate_args: bool = True
     ) -> None:
+        if isinstance(scores, Tensor):  # under autocast: inference in float32
+            (scores,) = autocast_widened(scores)
         if validate_args:
             check_tensor("scores", scores, (2,))
             batch, size = scores.shape

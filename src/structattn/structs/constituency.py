@@ -22,16 +22,20 @@ writes into a chart, no strided views of a big tensor for autograd to scatter in
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._extension import kernels as compiled_kernels
 
 __all__ = [
     "cky_inside",
     "cky_kbest",
+    "cky_log_partition",
     "cky_marginals",
     "span_mask",
     "spans_by_width",
@@ -107,6 +111,7 @@ def _inside_chart(span_scores: Tensor, semiring: type[Semiring]) -> list[tuple[T
     return chart
 
 
+@full_precision
 def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semiring]) -> Tensor:
     """⊕ over the binary bracketings of each item of the sum of its spans' scores, [B].
 
@@ -125,83 +130,276 @@ def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semir
     return semiring.sum(top, dim=-1)
 
 
-@functools.lru_cache(maxsize=64)
-def _parent_index(size: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
-    """Per width w = 1 .. N - 1 (``out[w - 1]``): flat positions in a chart [N * N + 1]
-    (last entry a sentinel) of (parent, sibling) [N - w + 1, 2 (N - w)] for every span
-    [i, j = i + w - 1] and sibling width d = 1 .. N - w: first as the left child of
-    [i, j + d] (sibling [j + 1, j + d]), then as the right child of [i - d, j] (sibling
-    [i - d, i - 1]); the sentinel where that parent would leave 0..N-1."""
-    with torch.inference_mode(False):
-        out = []
-        sentinel = size * size
-        for w in range(1, size):
-            i = torch.arange(size - w + 1, device=device).unsqueeze(-1)  # [n, 1]
-            j = i + w - 1
-            d = torch.arange(1, size - w + 1, device=device)  # [N - w]
-            ok_left = j + d < size
-            ok_right = i - d >= 0
-            parent = torch.cat([i * size + j + d, (i - d) * size + j], -1)
-            sibling = torch.cat([(j + 1) * size + j + d, (i - d) * size + i - 1], -1)
-            ok = torch.cat([ok_left, ok_right], -1)
-            out.append((parent.where(ok, sentinel), sibling.where(ok, sentinel)))
-        return out
+class _Charts(NamedTuple):
+    """What the inside pass of :func:`_cky_charts` leaves for the outside pass and the
+    Hessian-vector product: dense charts [B, N, N] (entry [i, j] the span [i, j], 0 below
+    the diagonal), written width by width without autograd."""
+
+    inside: Tensor  # I(i, j)
+    inner: Tensor  # inner(i, j) = I(i, j) - s(i, j), the log-sum over the splits; -inf -> 0
+    last: Tensor  # [B]: n - 1
+    logz: Tensor  # [B]
+    #: the C++ kernels' charts (float64; the third is I by column) where they ran, else None
+    kernel: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
 
-@torch.no_grad()
-def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
-    """log Z [B] and the span marginals [B, N, N] by inside and outside passes written by
-    hand (no autograd: for inference; the marginals are not differentiable).
+def _view(chart: Tensor, w: int, offset: int, strides: tuple[int, ...]) -> Tensor:
+    batch, size, _ = chart.shape
+    shape = (batch, size - w + 1, *([w - 1] if len(strides) == 2 else []))
+    return chart.as_strided(shape, (size * size, *strides), chart.storage_offset() + offset)
 
-    The outside pass runs in the probability domain, widest spans first: a span's marginal
-    is the sum, over the parents it can be a child of, of the parent's marginal times the
-    probability of the parent's split that makes it a child,
 
-        p(i, j) = Σ_{d >= 1} p(i, j + d) exp(I(i, j) + I(j + 1, j + d) - inner(i, j + d))
-                           + p(i - d, j) exp(I(i - d, i - 1) + I(i, j) - inner(i - d, j)),
+def _diag(chart: Tensor, w: int) -> Tensor:
+    """View [B, N - w + 1] of the spans [i, i + w - 1] of a contiguous chart [B, N, N]."""
+    return _view(chart, w, w - 1, (chart.shape[1] + 1,))
 
-    with p(0, n - 1) = 1 and inner(a, b) = I(a, b) - s(a, b) the log-sum over the splits of
-    [a, b] as the inside pass computed it (so a split's probability is a softmax of the
-    inside pass's own terms: no difference of large, separately rounded numbers, which
-    exp(outside + inside - log Z) would be). Time O(B N^3) (one gather and one reduction per
-    width), memory O(B N^2) plus O(N^3) cached indices. ``span_scores`` as for
-    :func:`cky_inside`.
-    """
+
+def _left(chart: Tensor, w: int) -> Tensor:
+    """View [B, N - w + 1, w - 1]: the left children [i, i + k] of the spans of width w."""
+    return _view(chart, w, 0, (chart.shape[1] + 1, 1))
+
+
+def _right(chart: Tensor, w: int) -> Tensor:
+    """View [B, N - w + 1, w - 1]: the right children [i + k + 1, i + w - 1] of the spans of
+    width w (split k = 0 .. w - 2, as :func:`_left`)."""
+    size = chart.shape[1]
+    return _view(chart, w, size + w - 1, (size + 1, size))
+
+
+def _kernel_ops(span_scores: Tensor) -> Any:
+    """``torch.ops.structattn_cky`` where the C++ kernels apply to ``span_scores`` (CPU,
+    float32 or float64, built), else None (the PyTorch code below)."""
+    if compiled_kernels(span_scores) is None:
+        return None
+    try:  # registered by _cky.cpp when the kernels load (absent from an older build)
+        torch.ops.structattn_cky.inside  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return None
+    return torch.ops.structattn_cky
+
+
+def _cky_charts(span_scores: Tensor, lengths: Tensor | None) -> _Charts:
+    """The log-semiring inside pass without autograd (``span_scores`` [B, N, N] detached):
+    in the C++ kernels (``_cky.cpp``) on CPU, else per width one ``logsumexp`` over the
+    splits of strided views of the chart."""
     batch, size, _ = span_scores.shape
-    device = span_scores.device
-    last = last_index(lengths, batch, size, device)  # [B]: n - 1
-    chart = _inside_chart(span_scores, LogSemiring)
-    inside = spans_to_chart([inside for _, inside in chart]).view(batch, size * size)
-    logz = inside.gather(1, last.unsqueeze(-1)).squeeze(-1)  # I(0, n - 1), [B]
-    # flat charts [B, N * N + 1] whose last entry is the sentinel of a missing parent
-    inside = torch.cat([inside, span_scores.new_full((batch, 1), float("-inf"))], 1)
-    inner = spans_to_chart([inner for inner, _ in chart]).view(batch, size * size)
-    inner = torch.cat([inner.masked_fill(torch.isneginf(inner), 0.0), inner[:, :1] * 0], 1)
-    marginals = span_scores.new_zeros(batch, size * size + 1)
-    widths = torch.arange(1, size + 1, device=device)
-    index, counts = _width_index(size, device)
-    flat_index = index.split(counts)
-    parents = _parent_index(size, device)
+    last = last_index(lengths, batch, size, span_scores.device)
+    ops = _kernel_ops(span_scores)
+    if ops is not None:
+        kernel = tuple(ops.inside(span_scores, last))
+        logz = kernel[3].to(span_scores.dtype)
+        return _Charts(kernel[0], kernel[1], last, logz, kernel)
+    scores = span_scores.contiguous()
+    inside = torch.zeros_like(scores)
+    inner = torch.zeros_like(scores)
+    _diag(inside, 1).copy_(_diag(scores, 1))
+    for w in range(2, size + 1):
+        total = torch.logsumexp(_left(inside, w) + _right(inside, w), -1)  # [B, n]
+        torch.add(_diag(scores, w), total, out=_diag(inside, w))
+        _diag(inner, w).copy_(total.masked_fill_(torch.isneginf(total), 0.0))
+    logz = inside[:, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)  # I(0, n - 1)
+    return _Charts(inside, inner, last, logz)
+
+
+def _split_probs(charts: _Charts, w: int) -> Tensor:
+    """[B, N - w + 1, w - 1]: the probability of each split of each span of width w given
+    the span, exp(I(left) + I(right) - inner): a softmax of the inside pass's own terms."""
+    terms = _left(charts.inside, w) + _right(charts.inside, w)
+    return terms.sub_(_diag(charts.inner, w).unsqueeze(-1)).exp_()
+
+
+def _root_seed(charts: _Charts, w: int) -> Tensor:
+    """BoolTensor [B]: the items whose whole sentence is the span [0, w - 1] and that have
+    a tree at all (their outside pass starts there with probability 1)."""
+    return (charts.last == w - 1) & torch.isfinite(charts.logz)
+
+
+class _Children:
+    """Accumulators of what the spans receive from their parents, widths down: a parent of
+    width W passes x [B, N - W + 1, W - 1] (one value per split k) to its left child
+    [i, i + k] and its right child [i + k + 1, i + W - 1]; ``take(w)`` is then the total of
+    the spans of width w (complete once every wider parent has passed)."""
+
+    def __init__(self, like: Tensor) -> None:
+        self.left = torch.zeros_like(like)  # [b, i, m]: the child [i, i + m]
+        self.right = torch.zeros_like(like)  # [b, j, m]: the child [j - m, j]
+
+    def give(self, x: Tensor, w: int) -> None:
+        self.left[:, : x.shape[1], : w - 1].add_(x)
+        self.right[:, w - 1 :, : w - 1].add_(x.flip(-1))
+
+    def take(self, w: int) -> Tensor:
+        n = self.left.shape[1] - w + 1
+        return self.left[:, :n, w - 1] + self.right[:, w - 1 :, w - 1]
+
+
+def _cky_outside(charts: _Charts) -> Tensor:
+    """The span marginals [B, N, N] (0 below the diagonal and past the length), by hand.
+
+    Widths down, in the probability domain: a span passes its marginal times the
+    probability of each of its splits (:func:`_split_probs`) to the split's two children,
+    and a span's marginal is the total it receives (the whole sentence: 1). Time O(B N^3):
+    per width one exp, one product and two in-place sums over [B, N - w + 1, w - 1]."""
+    if charts.kernel is not None:
+        inside, inner, inside_t, logz = charts.kernel
+        marginals = torch.ops.structattn_cky.outside(inside, inner, inside_t, logz, charts.last)
+        return marginals.to(charts.logz.dtype)
+    inside = charts.inside
+    batch, size, _ = inside.shape
+    marginals = torch.zeros_like(inside)
+    children = _Children(inside)
     for w in range(size, 0, -1):
-        n = size - w + 1
-        own = inside[:, flat_index[w - 1]]  # [B, n]: I(i, j)
-        if w < size:
-            parent, sibling = parents[w - 1]  # [n, 2 (N - w)]
-            shape = (batch, *parent.shape)
-            # [B, n, 2 (N - w)]: I(i, j) + I(sibling) - inner(parent), then the split's
-            # probability times the parent's marginal
-            split = inside.index_select(1, sibling.flatten()).view(shape) + own.unsqueeze(-1)
-            split -= inner.index_select(1, parent.flatten()).view(shape)
-            split = split.exp_() * marginals.index_select(1, parent.flatten()).view(shape)
-            p_w = split.sum(-1)  # [B, n]
-        else:
-            p_w = span_scores.new_zeros(batch, n)
-        # the whole sentence of each item of length w, if it has a tree at all
-        root = (widths[w - 1] == last + 1) & torch.isfinite(logz)  # [B]
-        p_w[:, 0] = torch.where(root, 1.0, p_w[:, 0])
-        marginals[:, flat_index[w - 1]] = p_w
-    mask = span_mask(lengths, batch, size, device).reshape(batch, size * size)
-    return logz, marginals[:, :-1].masked_fill(~mask, 0.0).view(batch, size, size)
+        p_w = children.take(w)
+        p_w[:, 0] = torch.where(_root_seed(charts, w), 1.0, p_w[:, 0])
+        _diag(marginals, w).copy_(p_w)
+        if w > 1:
+            children.give(_split_probs(charts, w).mul_(p_w.unsqueeze(-1)), w)
+    return marginals
+
+
+def _to_chart(chart: Tensor, lengths: Tensor | None) -> Tensor:
+    """``chart`` [B, N, N] with 0 below the diagonal and past the length."""
+    batch, size, _ = chart.shape
+    return chart.masked_fill(~span_mask(lengths, batch, size, chart.device), 0.0)
+
+
+def _cky_hvp(charts: _Charts, direction: Tensor) -> Tensor:
+    """The Hessian of log Z times ``direction`` [B, N, N] (the derivative of the span
+    marginals along it), by hand: forward-mode tangents of the inside pass (widths up),
+
+        dot I(c) = direction(c) + dot inner(c),  dot inner(c) = Σ_k p_k(c) D_k(c),
+        D_k(c) = dot I(left_k) + dot I(right_k),
+
+    with p_k(c) the probability of split k of c (:func:`_split_probs`), then widths down
+    the marginals p(c) (as :func:`_cky_outside`) and the adjoint g(c) of
+    dot I(root) = <marginals, direction> with respect to I(c): a span passes to the two
+    children of each split k
+
+        p_k(P) [g(P) + p(P) (D_k(P) - dot inner(P))],
+
+    and the result is g, as a span's score enters only its own I. Time O(B N^3)."""
+    if charts.kernel is not None:
+        inside, inner, inside_t, logz = charts.kernel
+        ops = torch.ops.structattn_cky
+        return ops.hvp(inside, inner, inside_t, logz, charts.last, direction).to(direction.dtype)
+    inside = charts.inside
+    batch, size, _ = inside.shape
+    direction = direction.contiguous()
+    tangent = torch.zeros_like(inside)
+    d_inner = torch.zeros_like(inside)
+    _diag(tangent, 1).copy_(_diag(direction, 1))
+    probs: list[Tensor] = []  # per width 2 .. N
+    for w in range(2, size + 1):
+        p = _split_probs(charts, w)
+        probs.append(p)
+        total = (p * (_left(tangent, w) + _right(tangent, w))).sum(-1)
+        _diag(d_inner, w).copy_(total)
+        torch.add(_diag(direction, w), total, out=_diag(tangent, w))
+    hvp = torch.zeros_like(inside)
+    marginal = _Children(inside)
+    adjoint = _Children(inside)
+    for w in range(size, 0, -1):
+        p_w = marginal.take(w)
+        p_w[:, 0] = torch.where(_root_seed(charts, w), 1.0, p_w[:, 0])
+        g_w = adjoint.take(w)
+        _diag(hvp, w).copy_(g_w)
+        if w > 1:
+            p = probs[w - 2]
+            q = p * p_w.unsqueeze(-1)  # p(P, split k)
+            marginal.give(q, w)
+            d_terms = _left(tangent, w) + _right(tangent, w)
+            d_terms.sub_(_diag(d_inner, w).unsqueeze(-1)).mul_(q)
+            adjoint.give(d_terms.addcmul_(p, g_w.unsqueeze(-1)), w)
+    return hvp
+
+
+class _CKYLogPartition(torch.autograd.Function):
+    """log Z over binary bracketings (forward: the inside pass, no autograd graph; backward:
+    the outside pass by hand, the marginals times the incoming gradient). When the backward
+    is itself differentiated (``create_graph``), the marginals come from
+    :class:`_CKYMarginals`, whose backward is a hand-written Hessian-vector product."""
+
+    @staticmethod
+    def forward(span_scores: Tensor, lengths: Tensor | None, stash: list[_Charts]) -> Tensor:
+        charts = _cky_charts(span_scores.detach(), lengths)
+        stash.append(charts)
+        return charts.logz.clone()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        span_scores, lengths, stash = inputs
+        ctx.charts = stash[-1]
+        ctx.lengths = lengths
+        ctx.save_for_backward(span_scores)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        (span_scores,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiated again: one node with its own backward
+            marginals = _CKYMarginals.apply(span_scores, grad, ctx.lengths, [ctx.charts])
+            return marginals, None, None
+        outside = _to_chart(_cky_outside(ctx.charts), ctx.lengths)
+        return outside.mul_(grad.view(-1, 1, 1)), None, None
+
+
+class _CKYMarginals(torch.autograd.Function):
+    """``seed[b] * marginals[b]`` from the inside charts (forward: the outside pass by hand);
+    backward: ``seed[b]`` times the Hessian-vector product of log Z by hand. Differentiating
+    that once more falls back to autograd through :func:`cky_inside` (any order)."""
+
+    @staticmethod
+    def forward(
+        span_scores: Tensor, seed: Tensor, lengths: Tensor | None, stash: list[_Charts]
+    ) -> Tensor:
+        marginals = _to_chart(_cky_outside(stash[-1]), lengths)
+        stash.append(marginals)  # type: ignore[arg-type]
+        return marginals * seed.view(-1, 1, 1)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        span_scores, seed, lengths, stash = inputs
+        ctx.charts = stash[0]
+        ctx.lengths = lengths
+        ctx.save_for_backward(span_scores, seed, stash[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        span_scores, seed, marginals = ctx.saved_tensors
+        if ctx.needs_input_grad[0] and torch.is_grad_enabled():
+            # third order and beyond: autograd through the inside pass
+            logz = cky_inside(span_scores, ctx.lengths, LogSemiring)
+            (unit,) = torch.autograd.grad(logz.sum(), span_scores, create_graph=True)
+            scaled = grad * seed.view(-1, 1, 1)
+            (hvp,) = torch.autograd.grad(unit, span_scores, scaled, create_graph=True)
+            return hvp, (grad * unit).flatten(1).sum(-1), None, None
+        g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[0]:
+            return None, g_seed, None, None
+        hvp = _to_chart(_cky_hvp(ctx.charts, grad), ctx.lengths)
+        return hvp * seed.view(-1, 1, 1), g_seed, None, None
+
+
+@full_precision
+def cky_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
+    """log Z over binary bracketings, [B], like ``cky_inside(..., LogSemiring)`` but with a
+    hand-written outside pass as its backward and a hand-written Hessian-vector product as
+    the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`."""
+    return _CKYLogPartition.apply(span_scores, lengths, [])
+
+
+@full_precision
+def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+    """log Z [B] (not differentiable) and the span marginals [B, N, N], in one autograd
+    node: forward the inside and outside passes written by hand (:func:`_cky_outside`),
+    backward the hand-written Hessian-vector product (:func:`_cky_hvp`; what structured
+    attention trains through). Time O(B N^3) in N sequential widths per pass (one batched
+    gather and reduction each), memory O(B N^2) plus O(N^3) cached indices. An item with no
+    tree has zero marginals. ``span_scores`` as for :func:`cky_inside`."""
+    with torch.no_grad():
+        charts = _cky_charts(span_scores.detach(), lengths)
+    seed = span_scores.new_ones(span_scores.shape[0])
+    marginals = _CKYMarginals.apply(span_scores, seed, lengths, [charts])
+    return charts.logz, marginals
 
 
 def _topk(x: Tensor, k: int) -> Tensor:
@@ -213,6 +411,7 @@ def _topk(x: Tensor, k: int) -> Tensor:
     return x.topk(k, dim=-1).values
 
 
+@full_precision
 def cky_kbest(span_scores: Tensor, lengths: Tensor | None, k: int) -> Tensor:
     """Scores of the k best (labelled) bracketings of each item, [B, k], best first
     (``-inf`` where an item has fewer than k allowed trees).

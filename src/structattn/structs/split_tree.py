@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import Semiring
 from .constituency import spans_by_width
@@ -28,6 +29,7 @@ from .constituency import spans_by_width
 __all__ = ["split_inside"]
 
 
+@full_precision
 def split_inside(
     node: Tensor, pivot: Tensor, lengths: Tensor | None, semiring: type[Semiring]
 ) -> Tensor:
