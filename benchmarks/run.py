@@ -4,6 +4,12 @@ Usage (peers live in a separate venv, see the Makefile's ``bench`` target)::
 
     .venv-bench/bin/python benchmarks/run.py [--quick] [--only tree|chain|nonproj]
         [--repeats R] [--back-to-back K] [--json OUT.json] [--plot OUT.png]
+        [--clone v4|v3|default]
+
+``--clone`` times the C++ kernels built for one SIMD target only (``STRUCTATTN_KERNEL_TARGET``,
+see ``structs/_extension.py``; its own build, 3-5 minutes the first time) with PyTorch's own
+CPU kernels at the same level (``ATEN_CPU_CAPABILITY``: avx512 / avx2 / default), as a CPU of
+that level would run them; the header names the target that ran.
 
 For every size, all libraries get the same inputs (converted to each library's layout by
 ``peers.py``, outside the timed region). Before anything is timed, each peer's log Z,
@@ -252,10 +258,14 @@ def machine_info() -> dict[str, Any]:
     blas = re.search(r"BLAS_INFO=(\w+)", config)
     lapack = re.search(r"LAPACK_INFO=(\w+)", config)
     built = _extension.kernels(torch.zeros(1, 2, 2)) is not None  # builds them if needed
+    target = _extension.simd_target() if built else None
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "simd": simd_level(),
+        "kernel_target": target,  # what the kernels' vector loops run here (None: not loaded)
+        "kernel_target_forced": os.environ.get("STRUCTATTN_KERNEL_TARGET"),
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "kernels_loaded": built,
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -743,7 +753,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--json", metavar="OUT", help="write machine-readable results")
     parser.add_argument("--plot", metavar="OUT.png", help="plot time vs N (needs matplotlib)")
+    parser.add_argument(
+        "--clone",
+        choices=tuple(CLONE_CAPABILITY),
+        help="time the C++ kernels built for this SIMD target only (x86-64-v4 / -v3 / "
+        "baseline) and PyTorch's CPU kernels at the same level, as such a CPU would",
+    )
     return parser.parse_args(argv)
+
+
+#: ``--clone``: the ATEN_CPU_CAPABILITY matching each one-target build of the kernels
+CLONE_CAPABILITY = {"v4": "avx512", "v3": "avx2", "default": "default"}
+
+
+def force_clone(clone: str | None) -> None:
+    """Select ``--clone``: set STRUCTATTN_KERNEL_TARGET and ATEN_CPU_CAPABILITY before the
+    kernels load and before PyTorch's first CPU kernel picks its level (both are read once)."""
+    if clone is None:
+        return
+    os.environ["STRUCTATTN_KERNEL_TARGET"] = clone
+    os.environ["ATEN_CPU_CAPABILITY"] = CLONE_CAPABILITY[clone]
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -844,14 +873,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 if ours disagreed with a reference (a peer that disagrees
     is reported, not timed there, and does not change the exit status)."""
     args = parse_args(argv)
+    force_clone(args.clone)
     settings = settings_from(args)
     m = machine_info()
     _say(
         f"# structattn benchmark: {m['cpu']}, {m['cores']} cores, torch "
         f"{m['versions']['torch']}, {settings.threads} threads, float32, B={settings.batch}"
     )
+    forced = m["kernel_target_forced"]
+    target = m["kernel_target"] or "none"
     _say(
-        f"# kernels' SIMD clone {m['simd']}, BLAS {m['blas']}, LAPACK {m['lapack']}, "
+        f"# kernels' SIMD target {target}"
+        + (f" (forced: STRUCTATTN_KERNEL_TARGET={forced})" if forced else "")
+        + f", CPU level {m['simd']}, ATen CPU capability {m['aten_capability']}"
+    )
+    _say(
+        f"# BLAS {m['blas']}, LAPACK {m['lapack']}, "
         f"OMP_NUM_THREADS {m['omp_num_threads']}, STRUCTATTN_EXTENSION {m['kernels']}, "
         f"C++ kernels {'loaded' if m['kernels_loaded'] else 'NOT loaded (PyTorch code timed)'}"
     )

@@ -289,6 +289,12 @@ def test_padding_is_ignored(path: str, fill: float) -> None:
 
 
 # ---- the fused path of the Eisner kernels -----------------------------------------------
+@pytest.fixture(autouse=True)
+def _fused_loops_on_every_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused loops serve up to _FUSED_SIZE positions on every SIMD target (tested)."""
+    monkeypatch.setattr(dependency, "_FUSED_SIZES", {})
+
+
 def _tree_passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> list[Tensor]:
     """log Z, its seeded gradient, the marginals and a Hessian-vector product."""
     x = scores.clone().requires_grad_()
@@ -333,3 +339,37 @@ def test_fused_eisner_equals_the_aten_path_and_the_pytorch_code(
             for a in got:
                 assert torch.isfinite(a).all()
             _assert_all_close(got, want, tol)
+
+
+@pytest.mark.usefixtures("chain_kernels")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_nan_potentials_give_nan_for_their_items_as_the_pytorch_code(dtype: torch.dtype) -> None:
+    """A NaN unary or transition score of a real position makes log Z, the marginals and the
+    gradients NaN for its item only, from the kernels as from the PyTorch code (the kernels
+    gave log Z = -inf and zero marginals, #37.10); NaN at padding (a unary beyond the length,
+    a transition beyond the last position) changes nothing, on either path."""
+    unary, pairwise, lengths = _draw(5, 6, 3, False, dtype, seed=8)
+    lengths.copy_(torch.tensor([6, 6, 6, 4, 6]))
+    unary[1, 2, 0] = float("nan")  # item 1: a real position
+    pairwise[2, 1, 0, 2] = float("nan")  # item 2: a real step
+    unary[3, 5, 1] = float("nan")  # item 3 (length 4): padding
+    pairwise[3, 3, 1, 1] = float("nan")  # its step 3 (positions 3 -> 4): padding
+
+    def outputs() -> list[Tensor]:
+        u = unary.clone().requires_grad_()
+        p = pairwise.clone().requires_grad_()
+        logz = chain_log_partition(u, p, lengths)
+        first = torch.autograd.grad(logz.sum(), (u, p))
+        node, edge = chain_marginals(u, p, lengths, edges=True)
+        second = torch.autograd.grad((node * node).sum() + (edge * edge).sum(), (u, p))
+        return [logz.detach(), node.detach(), edge.detach(), *first, *second]
+
+    got = outputs()
+    with kernels_disabled():
+        want = outputs()
+    expected = [False, True, True, False, False]
+    keep = ~torch.tensor(expected)
+    for a, b in zip(got, want, strict=True):
+        nan_items = a.reshape(5, -1).isnan().any(1).tolist()
+        assert nan_items == expected == b.reshape(5, -1).isnan().any(1).tolist()
+        torch.testing.assert_close(a[keep], b[keep], rtol=1e-5, atol=1e-6)

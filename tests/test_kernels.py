@@ -16,6 +16,14 @@ from structattn.structs import _extension, dependency
 from structattn.structs._extension import kernels, kernels_disabled
 
 
+@pytest.fixture(autouse=True)
+def _fused_loops_on_every_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused loops serve up to _FUSED_SIZE positions whatever the SIMD target, so that
+    every target's clone of them is tested (the dispatch by measurement, which routes some
+    targets' sizes to the ATen path, is tested on its own below)."""
+    monkeypatch.setattr(dependency, "_FUSED_SIZES", {})
+
+
 def _passes(scores: Tensor, lengths: Tensor, multiroot: bool) -> tuple[Tensor, ...]:
     """log Z, the marginals, a Hessian-vector product and the plain log Z gradient."""
     x = scores.clone().requires_grad_(True)
@@ -785,3 +793,179 @@ def test_the_build_lock_is_released_when_its_holder_dies(tmp_path: os.PathLike[s
         assert time.monotonic() - start < 5
     finally:
         holder.kill()
+
+
+# ---- SIMD targets: one build per target, every clone tested (#42) ----------------------------
+def _cpu_flags() -> set[str]:
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+#: the CPU flags each one-target build needs (x86-64-v4: AVX-512; x86-64-v3: AVX2)
+_TARGET_FLAGS = {
+    "v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "v3": {"avx2", "fma", "bmi1", "bmi2", "movbe"},
+    "default": {"sse2"},
+}
+
+
+def test_kernel_target_switch_picks_the_flags_and_the_build_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """STRUCTATTN_KERNEL_TARGET=v4|v3|default builds for that -march only (no clones), under
+    a build name of its own; unset, empty, auto or clones: the usual build; another value is
+    a ValueError naming the variable (a failed build: a warning, or an error if required)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("one-target builds are x86-64 only")
+    names = {}
+    for value, march in [("v4", "x86-64-v4"), ("v3", "x86-64-v3"), ("default", "x86-64")]:
+        monkeypatch.setenv("STRUCTATTN_KERNEL_TARGET", value)
+        assert _extension.kernel_target() == value
+        cflags, _ = _extension._flags()
+        assert f"-march={march}" in cflags
+        assert f"-DSTRUCTATTN_ONE_TARGET={march}" in cflags
+        names[value] = _extension.build_name()
+    for value in ("", "auto", "clones", " AUTO "):
+        monkeypatch.setenv("STRUCTATTN_KERNEL_TARGET", value)
+        assert _extension.kernel_target() is None
+        assert not any(flag.startswith("-march") for flag in _extension._flags()[0])
+        names["clones"] = _extension.build_name()
+    monkeypatch.delenv("STRUCTATTN_KERNEL_TARGET")
+    assert _extension.build_name() == names["clones"]
+    assert len(set(names.values())) == 4  # four builds, four cache directories
+    monkeypatch.setenv("STRUCTATTN_KERNEL_TARGET", "avx2")
+    with pytest.raises(ValueError, match="STRUCTATTN_KERNEL_TARGET"):
+        _extension.kernel_target()
+    monkeypatch.setattr(_extension, "_state", {})
+    monkeypatch.setenv("STRUCTATTN_EXTENSION", "require")
+    with pytest.raises(RuntimeError, match="STRUCTATTN_KERNEL_TARGET"):
+        kernels(torch.zeros(1, 2, 2))
+
+
+@pytest.mark.usefixtures("built_kernels")
+def test_loaded_kernels_run_the_chosen_target() -> None:
+    """The kernels report the target their vector loops run: the forced one under
+    STRUCTATTN_KERNEL_TARGET, else the clone the loader picks for this CPU (the highest
+    level whose flags it has)."""
+    module = kernels(torch.zeros(1, 2, 2))
+    if not hasattr(module, "simd_target"):
+        pytest.skip("these kernels predate simd_target")
+    target = _extension.kernel_target()
+    if target is not None:
+        assert module.simd_build() == "one target"
+        assert module.simd_target() == _extension.KERNEL_TARGETS[target]
+        return
+    if module.simd_build() != "clones":
+        pytest.skip("built without clones (not GCC >= 12 on x86-64 Linux)")
+    flags = _cpu_flags()
+    want = next(t for t in ("v4", "v3", "default") if _TARGET_FLAGS[t] <= flags)
+    assert module.simd_target() == _extension.KERNEL_TARGETS[want]
+    assert _extension.simd_target() == module.simd_target()
+
+
+#: the kernel-vs-PyTorch equality suites (run once per target by the next test)
+_SUITES = ["tests/test_kernels.py", "tests/test_chain_kernels.py"]
+
+
+@pytest.mark.parametrize("target", ["v4", "v3", "default"])
+def test_equality_suites_under_each_target(target: str) -> None:
+    """The kernel-vs-PyTorch suites under each one-target build this CPU can run, each in a
+    fresh process (a process loads one build): opt in with STRUCTATTN_TEST_TARGETS=1 (or a
+    comma list such as v3,default), as each target's first build takes minutes. By hand:
+    ``STRUCTATTN_KERNEL_TARGET=v3 pytest tests/test_kernels.py tests/test_chain_kernels.py``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    wanted = os.environ.get("STRUCTATTN_TEST_TARGETS", "").strip().lower()
+    if not wanted or wanted in ("0", "no", "off"):
+        pytest.skip("set STRUCTATTN_TEST_TARGETS=1 (or v4,v3,default) to build and test each")
+    if wanted not in ("1", "all", "yes") and target not in wanted.split(","):
+        pytest.skip(f"{target} is not in STRUCTATTN_TEST_TARGETS={wanted}")
+    if os.environ.get("STRUCTATTN_KERNEL_TARGET"):
+        pytest.skip("already inside a one-target run")
+    if not _TARGET_FLAGS[target] <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run the {target} target")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, STRUCTATTN_KERNEL_TARGET=target, STRUCTATTN_EXTENSION="require")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *_SUITES],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout
+
+
+# ---- NaN scores: the kernels and the PyTorch code agree item by item (#37.10) -----------------
+def _nan_items(x: Tensor) -> list[bool]:
+    """Per batch item: whether any entry of ``x`` [B, ...] is NaN."""
+    return x.reshape(x.shape[0], -1).isnan().any(1).tolist()
+
+
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("path", ["fused", "fused-recomputed", "aten"])
+@pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
+def test_nan_scores_give_nan_for_their_items_as_the_pytorch_code(
+    multiroot: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With validate_args=False, a NaN arc score makes log Z, the marginals and both
+    gradients NaN for its item only, from the kernels as from the PyTorch code (the fused
+    loops gave a finite log Z); NaN in padding or on the diagonal (never read) changes
+    nothing; every other item is the same."""
+    if path == "aten":
+        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)
+    if path.endswith("recomputed"):
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+    scores, lengths = _scores(5, 8, torch.float64, seed=21)
+    lengths.copy_(torch.tensor([8, 8, 8, 5, 8]))
+    scores[2, 3, 5] = float("nan")  # a real arc of item 2
+    scores[3, 6, 2] = scores[3, 1, 7] = float("nan")  # padding of item 3 (5 positions)
+    scores[4, 4, 4] = float("nan")  # the diagonal
+
+    def outputs() -> list[Tensor]:
+        x = scores.clone().requires_grad_(True)
+        crf = DependencyCRF(x, lengths, multiroot=multiroot, validate_args=False)
+        marginals = crf.marginals
+        (second,) = torch.autograd.grad((marginals * marginals).sum(), x)
+        y = scores.clone().requires_grad_(True)
+        logz = DependencyCRF(y, lengths, multiroot=multiroot, validate_args=False).log_partition
+        (first,) = torch.autograd.grad(logz.sum(), y)
+        return [logz.detach(), marginals.detach(), second, first]
+
+    got = outputs()
+    with kernels_disabled():
+        want = outputs()
+    expected = [False, False, True, False, False]
+    for a, b in zip(got, want, strict=True):
+        assert _nan_items(a) == expected == _nan_items(b)
+        keep = ~torch.tensor(expected)
+        torch.testing.assert_close(a[keep], b[keep], rtol=1e-10, atol=1e-10)
+    assert torch.isnan(got[0][2])
+
+
+def test_dispatch_by_measurement_follows_the_loaded_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused loops serve trees up to the loaded target's measured limit (_FUSED_SIZES:
+    x86-64-v3 20 positions, baseline x86-64 none), else up to _FUSED_SIZE (x86-64-v4, no
+    kernels loaded yet, or kernels too old to say); larger trees take the ATen path."""
+    monkeypatch.setattr(dependency, "_FUSED_SIZES", {"x86-64-v3": 20, "x86-64": 0})
+    for target, limit in [("x86-64-v4", 96), ("x86-64-v3", 20), ("x86-64", 0), (None, 96)]:
+        monkeypatch.setattr(dependency, "loaded_target", lambda target=target: target)
+        assert dependency._fused(limit) or limit == 0
+        assert not dependency._fused(limit + 1)
+    monkeypatch.undo()
+    assert set(dependency._FUSED_SIZES) <= set(_extension.KERNEL_TARGETS.values())
+    assert all(0 <= v <= dependency._FUSED_SIZE for v in dependency._FUSED_SIZES.values())

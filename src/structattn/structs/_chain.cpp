@@ -180,13 +180,30 @@ Outcome log_chain(const scalar_t* u, const scalar_t* p, Strides ps, int64_t len,
   return Outcome::kDone;
 }
 
+// The first of ``steps`` transition matrices (p + i * ps.i, [C, C] strided) holding a NaN, or
+// ``steps`` if none does (one look when ps.i is 0: one matrix for every step).
+template <typename scalar_t>
+int64_t first_nan_step(const scalar_t* p, Strides ps, int64_t steps, int64_t C) {
+  for (int64_t i = 0; i < steps; ++i) {
+    bool bad = false;
+    for (int64_t a = 0; a < C; ++a)
+      for (int64_t d = 0; d < C; ++d) bad |= std::isnan(p[i * ps.i + a * ps.a + d * ps.c]);
+    if (bad) return i;
+    if (ps.i == 0) break;
+  }
+  return steps;
+}
+
 // Forward pass and backward sweep of the chains start .. start + length (kC > 0: C known at
 // compile time, the loops unrolled; 0: C = c): log Z [B], p(z_i) [B, N, C] and K
 // [B, N-1, C, C] (double; 0 at padding and for items without a valid sequence; outputs
 // start zeroed), and, unless ``edge_sum`` is null, each item's edge marginals summed over
 // its positions, Σ_i p(z_i = a, z_{i+1} = d) [B, C, C] (the gradient of log Z for a shared
 // transition matrix, without the [B, N-1, C, C] edge marginals). Each item in probability
-// space where that is exact, else in log space.
+// space where that is exact, else in log space. An item whose used potentials (its unary
+// [len, C], its transitions of steps 0 .. len-2) hold a NaN gets NaN log Z, p(z_i) (i < len),
+// K and edge sums, as the PyTorch code does (the passes would skip NaN terms, #37.10): one
+// scan of its inputs (of the batch's transitions once when they are shared).
 template <typename scalar_t, int kC>
 void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
                    const int64_t* last, int64_t n, int64_t c, int64_t start, int64_t length,
@@ -195,12 +212,24 @@ void forward_chunk(const scalar_t* unary, const scalar_t* pairwise, Strides ps,
   const int64_t C = kC > 0 ? kC : c;
   Scratch<scalar_t> s(C);
   std::vector<double> sum(edge_sum ? C * C : 0);
+  // transitions shared by the batch (stride 0): the first step with a NaN, looked up once
+  const int64_t shared_nan = ps.b == 0 ? first_nan_step(pairwise, ps, n - 1, C) : -1;
   for (int64_t b = start; b < start + length; ++b) {
     const scalar_t* u = unary + b * n * C;
     const scalar_t* p = pairwise + b * ps.b;
     double* K = trans + b * (n - 1) * C * C;
     scalar_t* nd = node + b * n * C;
     const int64_t len = last[b] + 1;
+    bool nan = (ps.b == 0 ? shared_nan : first_nan_step(p, ps, len - 1, C)) < len - 1;
+    for (int64_t k = 0; k < len * C; ++k) nan |= std::isnan(u[k]);
+    if (nan) {
+      const double q = std::numeric_limits<double>::quiet_NaN();
+      logz[b] = static_cast<scalar_t>(q);
+      std::fill(nd, nd + len * C, static_cast<scalar_t>(q));
+      std::fill(K, K + (len - 1) * C * C, q);
+      if (edge_sum) std::fill(edge_sum + b * C * C, edge_sum + (b + 1) * C * C, scalar_t(q));
+      continue;
+    }
     double total = 0.0;
     Outcome outcome = scaled_chain<scalar_t, kC>(u, p, ps, len, C, bound, s, K, total);
     if (outcome == Outcome::kLogSpace) outcome = log_chain<scalar_t, kC>(u, p, ps, len, C, s, K, total);

@@ -436,13 +436,7 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
 // start) for the outside pass and the Hessian-vector product; single-root items close
 // ROOT's right span only at their end (CR(0, t) = -inf, weights 0, for t != last).
 #if defined(__GNUC__)
-#define STRUCTATTN_FUSED_EISNER 1
-#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__) && __GNUC__ >= 12
-#define STRUCTATTN_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define STRUCTATTN_CLONES
-#endif
+#define STRUCTATTN_FUSED_EISNER 1  // STRUCTATTN_CLONES: _kernels.h
 #endif
 
 #ifdef STRUCTATTN_FUSED_EISNER
@@ -453,14 +447,27 @@ typedef int64_t IVec __attribute__((vector_size(kTrees * sizeof(int64_t)), align
 
 inline Vec splat(double x) { return Vec{} + x; }
 
+// Only operations every clone has as vector instructions: no conversion between double and
+// int64 lanes (``__builtin_convertvector``: AVX-512DQ only; without it GCC converts lane by
+// lane, which made the x86-64-v3 and baseline clones of the fused path several times
+// slower, #42) and no arithmetic right shift of int64 lanes (AVX-512F only). Integers in
+// [-2^51, 2^51] go between the two by the magic number 1.5 * 2^52: the double k + magic has
+// the bits of the int64 bits(magic) + k.
+// (bits are moved between the types by vector casts, which GCC and clang define as bit
+// copies; not by reinterpret_cast, which breaks strict aliasing: -O2 then returned garbage)
+typedef uint64_t UVec __attribute__((vector_size(kTrees * sizeof(uint64_t)), aligned(8)));
+constexpr double kMagic = 0x1.8p52;
+constexpr int64_t kMagicBits = 0x4338000000000000;  // the bits of kMagic
+
 // exp(x) for x <= 0 (-inf and x < -708, where the result would be below 1e-307, give 0): a
 // Cody-Waite reduction x = n log 2 + r, |r| <= log(2) / 2, and the Taylor polynomial of
 // degree 13 (relative error below 1e-16 + rounding).
 __attribute__((always_inline)) inline Vec exp_lanes(const Vec& x) {
   const Vec floor = splat(-708.0);
   const Vec xc = x < floor ? floor : x;
-  const Vec magic = splat(0x1.8p52);  // adding it rounds to an integer
-  const Vec n = (xc * 1.4426950408889634 + magic) - magic;
+  const Vec magic = splat(kMagic);  // adding it rounds to an integer
+  const Vec shifted = xc * 1.4426950408889634 + magic;  // n + magic, n in [-1022, 0]
+  const Vec n = shifted - magic;
   const Vec r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
   Vec p = splat(1.0 / 6227020800.0);  // 1/13!
   const double coef[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
@@ -469,8 +476,8 @@ __attribute__((always_inline)) inline Vec exp_lanes(const Vec& x) {
                          1.0 / 6.0,         0.5,              1.0,
                          1.0};
   for (double c : coef) p = p * r + c;
-  const IVec bits = (__builtin_convertvector(n, IVec) + 1023) << 52;  // 2^n
-  const Vec out = p * reinterpret_cast<const Vec&>(bits);
+  const IVec bits = ((IVec)shifted + (1023 - kMagicBits)) << 52;  // 2^n
+  const Vec out = p * (Vec)bits;
   return x < floor ? splat(0.0) : out;
 }
 
@@ -591,22 +598,25 @@ Group make_group(const std::vector<int64_t>& items, size_t first, const int64_t*
   return g;
 }
 
-// log(x) for x = 0 (-inf) or x >= 1 (a sum of exps whose largest is 1): x = 2^k m with
+// log(x) for x = 0 (-inf), NaN (NaN) or x >= 1 (a sum of exps whose largest is 1): x = 2^k m with
 // m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172, by its
 // series to f^23 (relative error below 1e-17 + rounding).
 __attribute__((always_inline)) inline Vec log_lanes(const Vec& x) {
-  const IVec bits = reinterpret_cast<const IVec&>(x);
-  IVec k = (bits >> 52) - 1023;
+  const IVec bits = (IVec)x;
+  IVec k = (IVec)((UVec)x >> 52) - 1023;  // x >= 0: no sign bit (a logical shift)
   const IVec mantissa = (bits & ((int64_t{1} << 52) - 1)) | (int64_t{1023} << 52);
-  Vec m = reinterpret_cast<const Vec&>(mantissa);  // [1, 2)
+  Vec m = (Vec)mantissa;  // [1, 2)
   const IVec high = m > splat(1.4142135623730951);
   m = high ? m * 0.5 : m;
   k = high ? k + 1 : k;
   const Vec f = (m - 1.0) / (m + 1.0), f2 = f * f;
   Vec series = splat(1.0 / 23.0);
   for (int i = 21; i >= 1; i -= 2) series = series * f2 + 1.0 / i;
-  const Vec out = __builtin_convertvector(k, Vec) * 0.6931471805599453 + 2.0 * f * series;
-  return x > splat(0.0) ? out : splat(kNegInf);
+  const IVec k_magic = k + kMagicBits;  // k as a double, |k| <= 1075: (k + magic) - magic
+  const Vec k_real = (Vec)k_magic - kMagic;
+  const Vec out = k_real * 0.6931471805599453 + 2.0 * f * series;
+  const Vec zero = splat(0.0);
+  return x > zero ? out : x == zero ? splat(kNegInf) : x;  // NaN stays NaN
 }
 
 // log Σ exp(x[j]) over w terms per lane, x (with max m) replaced by the softmax weights.
@@ -619,8 +629,10 @@ __attribute__((always_inline)) inline Vec log_sum_exp(Vec* x, int64_t w, const V
     x[j] = exp_lanes(x[j] - shift);
     sum += x[j];
   }
+  // a NaN term (a NaN score, #37.10) makes the sum, every weight and the log NaN, as
+  // PyTorch's logsumexp and softmax do (the max m skips NaN)
   const Vec positive = sum > zero ? sum : splat(1.0);
-  const Vec inv = sum > zero ? 1.0 / positive : zero;
+  const Vec inv = sum > zero ? 1.0 / positive : sum == zero ? zero : sum;
   for (int64_t j = 0; j < w; ++j) x[j] *= inv;
   return shift + log_lanes(sum);  // -inf if every term is
 }

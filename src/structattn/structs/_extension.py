@@ -22,7 +22,18 @@ machine; it is announced once per process on stderr (or through the ``structattn
 where logging shows its INFO records, as the CLI's does: never twice). :func:`build_kernels`
 builds ahead of time (a Docker image, a CI step whose cache of ``TORCH_EXTENSIONS_DIR`` is
 keyed by :func:`build_name`). A process killed during a build leaves no lock that blocks
-later ones (:func:`_build_lock`)."""
+later ones (:func:`_build_lock`).
+
+**SIMD targets.** With GCC >= 12 on x86-64 Linux the vector loops are compiled for three
+targets (``target_clones``: x86-64-v4 = AVX-512, x86-64-v3 = AVX2, baseline x86-64) and the
+loader picks the highest the CPU supports. ``STRUCTATTN_KERNEL_TARGET=v4|v3|default`` instead
+builds the kernels for that one target only (``-march=x86-64-v4`` / ``-march=x86-64-v3`` /
+``-march=x86-64``, under its own :func:`build_name`), so that every clone can be tested and
+timed on one CPU that supports it (tests/test_kernels.py, ``benchmarks/run.py --clone``);
+unset, ``auto`` or ``clones``: the three clones. The kernels' ``simd_target()`` says which
+target runs (:func:`simd_target`). Timing as an AVX2 CPU would also needs
+``ATEN_CPU_CAPABILITY=avx2`` (PyTorch's own kernels), which ``benchmarks/run.py --clone v3``
+sets."""
 
 from __future__ import annotations
 
@@ -44,7 +55,16 @@ from torch import Tensor
 
 from ..io import file_lock
 
-__all__ = ["build_kernels", "build_name", "kernels", "kernels_disabled"]
+__all__ = [
+    "KERNEL_TARGETS",
+    "build_kernels",
+    "build_name",
+    "kernel_target",
+    "kernels",
+    "kernels_disabled",
+    "loaded_target",
+    "simd_target",
+]
 
 _log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
@@ -69,11 +89,38 @@ def _mode() -> str:
     return "require" if value in ("require", "required") else "on"
 
 
+#: ``STRUCTATTN_KERNEL_TARGET`` values: the ``-march`` of a one-target build
+KERNEL_TARGETS = {"v4": "x86-64-v4", "v3": "x86-64-v3", "default": "x86-64"}
+
+
+def kernel_target() -> str | None:
+    """The one target the kernels are built for (a key of :data:`KERNEL_TARGETS`) from
+    ``STRUCTATTN_KERNEL_TARGET``, or None for the usual build (one clone per target, picked
+    at load). Raises ValueError for another value, or a target on a non-x86-64 machine."""
+    value = os.environ.get("STRUCTATTN_KERNEL_TARGET", "").strip().lower()
+    if value in ("", "auto", "clones"):
+        return None
+    if value not in KERNEL_TARGETS:
+        raise ValueError(
+            f"STRUCTATTN_KERNEL_TARGET must be one of {', '.join(KERNEL_TARGETS)} or auto, "
+            f"not {value!r}"
+        )
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise ValueError(
+            f"STRUCTATTN_KERNEL_TARGET={value} needs an x86-64 machine, not {platform.machine()}"
+        )
+    return value
+
+
 def _flags() -> tuple[list[str], list[str]]:
     """(compiler flags, linker flags): OpenMP runs the batch chunks in parallel (without it
-    they run one by one); Linux only."""
+    they run one by one); Linux only. A one-target build (:func:`kernel_target`) adds its
+    ``-march`` and ``-DSTRUCTATTN_ONE_TARGET`` (no clones: _kernels.h)."""
     openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
-    return ["-O2", *openmp], openmp
+    target = kernel_target()
+    one = [] if target is None else [f"-march={KERNEL_TARGETS[target]}"]
+    one += [] if target is None else [f"-DSTRUCTATTN_ONE_TARGET={KERNEL_TARGETS[target]}"]
+    return ["-O2", *openmp, *one], openmp
 
 
 def build_name(
@@ -246,6 +293,42 @@ def kernels(scores: Tensor) -> ModuleType | None:
             if "module" not in _state:
                 _state["module"] = _build(_mode())
     return _state["module"]
+
+
+_targets: dict[int, str | None] = {}  # id of a loaded module -> its SIMD target
+
+
+def _target_of(module: ModuleType | None) -> str | None:
+    """What ``module.simd_target()`` says (None without kernels, or for a build older than
+    that query)."""
+    if module is None or not hasattr(module, "simd_target"):
+        return None
+    return str(module.simd_target())
+
+
+def loaded_target() -> str | None:
+    """The SIMD target of the kernels this process loaded (``x86-64-v4``, ``x86-64-v3`` or
+    ``x86-64``; see :func:`simd_target`), or None if none are loaded yet (or none could be):
+    no build, one dictionary look-up (what the dispatch by measurement in
+    ``dependency.py`` reads on every call)."""
+    module = _state.get("module")
+    if module is None:
+        return None
+    key = id(module)
+    if key not in _targets:
+        _targets[key] = _target_of(module)
+    return _targets[key]
+
+
+def simd_target() -> str | None:
+    """The SIMD target the loaded kernels run here (``x86-64-v4``, ``x86-64-v3`` or
+    ``x86-64``: the clone the loader picked for this CPU, or the one target of a
+    ``STRUCTATTN_KERNEL_TARGET`` build), or None when no kernels are loaded (or their build
+    predates this query). Builds them if needed."""
+    module = kernels(torch.zeros(1, 2, 2))
+    if module is None or not hasattr(module, "simd_target"):
+        return None
+    return str(module.simd_target())
 
 
 @contextlib.contextmanager

@@ -12,6 +12,20 @@
 #include <atomic>
 #include <vector>
 
+// SIMD clones. With GCC >= 12 on x86-64 Linux the vector loops (STRUCTATTN_CLONES) are
+// compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and baseline x86-64, and the loader
+// picks the highest the CPU supports. A one-target build (STRUCTATTN_KERNEL_TARGET, see
+// _extension.py: -march=<target> -DSTRUCTATTN_ONE_TARGET=<target>) compiles them for its
+// -march only, so that every clone can be built, tested and timed on one machine.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && \
+    defined(__linux__) && !defined(STRUCTATTN_ONE_TARGET)
+#define STRUCTATTN_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define STRUCTATTN_HAS_CLONES 1
+#else
+#define STRUCTATTN_CLONES
+#endif
+
 namespace structattn {
 
 // Below this much work (``work`` of chunk_starts: about the multiply-adds of the batch) the

@@ -16,13 +16,7 @@
 // GCC and clang vector extensions; on x86-64 Linux with GCC >= 12 the elimination is
 // compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the CPU
 #if defined(__GNUC__)
-#define STRUCTATTN_GAUSS_JORDAN 1
-#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__) && __GNUC__ >= 12
-#define STRUCTATTN_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define STRUCTATTN_CLONES
-#endif
+#define STRUCTATTN_GAUSS_JORDAN 1  // STRUCTATTN_CLONES: _kernels.h
 #endif
 
 namespace structattn {

@@ -32,6 +32,7 @@ from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ..trees import is_projective, is_tree  # re-exported: their old import path
 from ._extension import kernels as compiled_kernels
+from ._extension import loaded_target
 
 __all__ = [
     "eisner_inside",
@@ -217,10 +218,23 @@ _CACHE_ELEMENTS = 1 << 22
 # benchmarks/README.md, "Figures behind the thresholds in structs/".
 _FUSED_SIZE = 96
 
+# Dispatch by measurement (#42): per SIMD target of the loaded kernels
+# (_extension.loaded_target()), the largest tree the fused loops serve where that target's
+# clone of them is slower than the per-width ATen path above it (the kernels' ATen path, the
+# same operations as the PyTorch code without its Python overhead, serves the rest). On
+# x86-64-v3 (AVX2) and baseline x86-64 GCC cannot compare or select eight-double vectors
+# whole and does it lane by lane, so the fused loops lose to the ATen path from about 40
+# positions; baseline x86-64 is not measured yet and gets the ATen path throughout, which
+# does not depend on the clone. The figures: benchmarks/README.md, "Kernels per SIMD
+# target". A target missing here (x86-64-v4, or kernels without the query) uses _FUSED_SIZE.
+_FUSED_SIZES = {"x86-64-v3": 20, "x86-64": 0}
+
 
 def _fused(size: int) -> bool:
-    """Whether the C++ kernels take their fused path for trees of ``size`` positions."""
-    return size <= _FUSED_SIZE
+    """Whether the C++ kernels take their fused path for trees of ``size`` positions (on the
+    loaded kernels' SIMD target: _FUSED_SIZES)."""
+    limit = _FUSED_SIZES.get(loaded_target() or "", _FUSED_SIZE)
+    return size <= min(limit, _FUSED_SIZE)
 
 
 # The C++ MAP kernel (eisner_map) keeps 7 N^2 vectors of 8 doubles per thread (29 MB at

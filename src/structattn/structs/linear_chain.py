@@ -718,20 +718,27 @@ def chain_log_partition(
     normalisation; exact only for finite transitions of moderate spread), ``"log"`` (log
     space, any potentials) or ``"auto"`` (scaled when exact)."""
     kernels = _chain_kernels(unary, pairwise, method) is not None
-    unary = _zero_padding(unary, lengths, kernels)
+    unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
     return _ChainLogPartition.apply(unary, pairwise, lengths, method)
 
 
-def _zero_padding(unary: Tensor, lengths: Tensor | None, kernels: bool) -> Tensor:
-    """``unary`` with 0 at padding for the PyTorch code of the first passes (it computes
-    every position and selects: NaN or +inf there would leak into its outputs and
-    gradients); as is when the C++ kernels serve the call (``kernels``: they stop at each
-    item's length; one masking op fewer forward and backward, timed in benchmarks/README.md,
-    "Ours warm against the bound; chains without padding masks")."""
+def _zero_padding(
+    unary: Tensor, pairwise: Tensor, lengths: Tensor | None, kernels: bool
+) -> tuple[Tensor, Tensor]:
+    """``unary`` with 0 at padding, and per-step ``pairwise`` with 0 at the steps beyond each
+    item's last position, for the PyTorch code of the first passes (it computes every
+    position and selects: NaN or +inf there would leak into its outputs and gradients, where
+    the kernels ignore them, #37.10); as is when the C++ kernels serve the call
+    (``kernels``: they stop at each item's length; one masking op fewer forward and backward,
+    timed in benchmarks/README.md, "Ours warm against the bound; chains without padding
+    masks")."""
     if lengths is None or kernels:
-        return unary
+        return unary, pairwise
     mask = length_mask(lengths, unary.shape[0], unary.shape[1], unary.device)
-    return unary.masked_fill(~mask.unsqueeze(-1), 0.0)
+    unary = unary.masked_fill(~mask.unsqueeze(-1), 0.0)
+    if pairwise.dim() == 4 and pairwise.shape[1] > 0:  # step i is used when i + 1 is real
+        pairwise = pairwise.masked_fill(~mask[:, 1:, None, None], 0.0)
+    return unary, pairwise
 
 
 @overload
@@ -766,7 +773,8 @@ def chain_marginals(
     forward-backward, 0 at padding and for items with no valid structure. Differentiable to
     any order; the first backward (a loss on the marginals) is a hand-written
     Hessian-vector product, not a double backward. Arguments as :func:`chain_log_partition`."""
-    unary = _zero_padding(unary, lengths, _chain_kernels(unary, pairwise, method) is not None)
+    kernels = _chain_kernels(unary, pairwise, method) is not None
+    unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
     out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method)
     if edges:
         return out[0], out[1]
