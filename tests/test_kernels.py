@@ -958,9 +958,10 @@ def test_nan_scores_give_nan_for_their_items_as_the_pytorch_code(
 
 
 def test_dispatch_by_measurement_follows_the_loaded_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused loops serve trees up to the loaded target's measured limit (_FUSED_SIZES:
-    x86-64-v3 20 positions, baseline x86-64 none), else up to _FUSED_SIZE (x86-64-v4, no
-    kernels loaded yet, or kernels too old to say); larger trees take the ATen path."""
+    """The fused loops serve trees up to the loaded target's limit in _FUSED_SIZES (here a
+    made-up table: x86-64-v3 20 positions, baseline x86-64 none), else up to _FUSED_SIZE
+    (x86-64-v4, no kernels loaded yet, or kernels too old to say); larger trees take the
+    ATen path. The real table names known targets only, within _FUSED_SIZE."""
     monkeypatch.setattr(dependency, "_FUSED_SIZES", {"x86-64-v3": 20, "x86-64": 0})
     for target, limit in [("x86-64-v4", 96), ("x86-64-v3", 20), ("x86-64", 0), (None, 96)]:
         monkeypatch.setattr(dependency, "loaded_target", lambda target=target: target)
