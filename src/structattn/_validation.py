@@ -1,9 +1,29 @@
-"""Input checks shared by distributions and layers: clear ``ValueError`` naming the argument."""
+"""Input checks shared by distributions and layers: clear ``ValueError`` naming the argument.
+
+The checks of values (NaN, +inf, lengths' range, prefix masks, heads' range) read the data
+on the host. They are skipped for tensors whose values cannot be read there: under the
+``torch.func`` transforms (vmap, grad, jacrev, ...), while ``torch.compile`` or
+``torch.export`` trace, and for meta tensors (:func:`is_transformed`); the checks of types,
+ranks and shapes still run.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def is_transformed(x: object) -> bool:
+    """Whether the values of ``x`` cannot be read on the host: a ``torch.func`` wrapper
+    (vmap's BatchedTensor, grad's GradTrackingTensor), a meta tensor, or a tensor seen while
+    ``torch.compile``/``torch.export`` trace (a fake tensor)."""
+    if not isinstance(x, Tensor):
+        return False
+    if x.is_meta or bool(torch._C._functorch.is_functorch_wrapped_tensor(x)):
+        return True
+    if torch.compiler.is_compiling():
+        return True
+    return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
 
 
 def check_potentials(name: str, x: object, rank: int, allow_neg_inf: bool = True) -> Tensor:
@@ -16,6 +36,8 @@ def check_potentials(name: str, x: object, rank: int, allow_neg_inf: bool = True
         raise ValueError(f"`{name}` must have {rank} dimensions, got shape {tuple(x.shape)}")
     # one reduction and one host sync on the valid path: the max is NaN if any entry is NaN
     # (max propagates NaN) and +inf if any is +inf; the message is worked out afterwards
+    if is_transformed(x):
+        return x
     if x.numel() and not bool(x.amax() < float("inf")):
         if torch.isnan(x).any():
             raise ValueError(f"`{name}` contains NaN")
@@ -37,7 +59,7 @@ def check_lengths(
         raise ValueError(f"`lengths` must be an integer tensor, got dtype {lengths.dtype}")
     if lengths.shape != (batch,):
         raise ValueError(f"`lengths` must have shape ({batch},), got {tuple(lengths.shape)}")
-    if batch:
+    if batch and not is_transformed(lengths):
         smallest, largest = (int(v) for v in torch.stack(torch.aminmax(lengths)).tolist())
         if smallest < low or largest > high:
             raise ValueError(
@@ -91,7 +113,7 @@ def check_mask(
         )
     if device is not None:
         mask = mask.to(device)
-    if prefix:
+    if prefix and not is_transformed(mask):
         prefix_lengths(name, mask, min_length)
     return mask
 
@@ -136,7 +158,8 @@ def split_attention_mask(
             f"`{name}` must be a boolean (True = not allowed) or float (added to the scores) "
             f"tensor, got dtype {mask.dtype}"
         )
-    if mask.numel() and not bool(mask.amax() < float("inf")):  # NaN or +inf; one host sync
+    if mask.numel() and not is_transformed(mask) and not bool(mask.amax() < float("inf")):
+        # NaN or +inf; one host sync
         raise ValueError(f"`{name}` contains NaN or +inf")
     allowed = mask != float("-inf")
     return allowed, mask.to(dtype).masked_fill(~allowed, 0.0)
@@ -173,7 +196,7 @@ def check_head_range(
     if allow_none:
         none = ((heads == -1) | ~real).all(-1, keepdim=True)  # [B, 1]
         bad &= ~none
-    if bool(bad.any()):
+    if not is_transformed(bad) and bool(bad.any()):
         item, word = (int(i) for i in bad.nonzero()[0].tolist())
         raise ValueError(
             f"`heads` out of range: heads[{item}, {word}] = {int(heads[item, word])}, but a "

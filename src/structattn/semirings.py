@@ -27,12 +27,17 @@ class _LogSumExp(torch.autograd.Function):
     The backward is written with differentiable ops, so it supports gradients of any order.
     """
 
+    generate_vmap_rule = True  # forward and backward are plain tensor operations
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
-        out = torch.logsumexp(x, dim)
-        ctx.save_for_backward(x, out)
+    def forward(x: Tensor, dim: int) -> Tensor:
+        return torch.logsumexp(x, dim)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        x, dim = inputs
+        ctx.save_for_backward(x, output)
         ctx.dim = dim
-        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -51,11 +56,17 @@ class _SampledLogSumExp(torch.autograd.Function):
     with probability ``softmax(x)`` (Gumbel-max), so back-propagating through an inside
     pass walks down one derivation drawn exactly from the Gibbs distribution."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
+    def forward(x: Tensor, dim: int) -> Tensor:
+        return torch.logsumexp(x, dim)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        x, dim = inputs
         ctx.save_for_backward(x)
         ctx.dim = dim
-        return torch.logsumexp(x, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
