@@ -37,7 +37,14 @@ class _LogSumExp(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
         x, dim = inputs
         ctx.save_for_backward(x, output)
+        ctx.save_for_forward(x, output)
         ctx.dim = dim
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, _: None) -> Tensor:
+        x, out = ctx.saved_tensors
+        finite_out = out.masked_fill(torch.isneginf(out), 0.0).unsqueeze(ctx.dim)
+        return ((x - finite_out).exp() * tangent).sum(ctx.dim)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:

@@ -50,8 +50,14 @@ class Stash:
 
 
 def is_batched(x: object) -> bool:
-    """Whether ``x`` is a tensor being vmapped (a functorch BatchedTensor)."""
-    return isinstance(x, Tensor) and bool(torch._C._functorch.is_batchedtensor(x))
+    """Whether ``x`` is a tensor being vmapped (a functorch BatchedTensor, at any level of its
+    ``torch.func`` wrappers)."""
+    functorch = torch._C._functorch
+    while isinstance(x, Tensor) and functorch.is_functorch_wrapped_tensor(x):
+        if functorch.is_batchedtensor(x):
+            return True
+        x = functorch.get_unwrapped(x)
+    return False
 
 
 def vmap_by_folding(

@@ -97,6 +97,25 @@ class _MeanFieldUpdates(torch.autograd.Function):
         unary, coupling, iterations, stash = inputs
         ctx.iterations = iterations
         ctx.save_for_backward(unary, coupling, *stash.value)
+        ctx.save_for_forward(unary, coupling, *stash.value)
+
+    @staticmethod
+    def jvp(ctx: Any, t_unary: Tensor | None, t_coupling: Tensor | None, *_: Any) -> Tensor:
+        # dot s_t = s_t (1 - s_t) (dot phi + dot J s_{t-1} + J dot s_{t-1}), s_0 = sigmoid(phi)
+        unary, coupling, *trajectory = ctx.saved_tensors
+        n = unary.shape[-1]
+        matrix = coupling.reshape(-1, n, n)  # [B', N, N]
+        d_phi = torch.zeros_like(trajectory[0]) if t_unary is None else t_unary.reshape(-1, n, 1)
+        d_matrix = None if t_coupling is None else t_coupling.reshape(-1, n, n)
+        spins = trajectory[0]
+        tangent = spins * (1 - spins) * d_phi  # [B', N, 1]
+        for t in range(1, ctx.iterations + 1):
+            d_chi = d_phi + torch.bmm(matrix, tangent)
+            if d_matrix is not None:
+                d_chi = d_chi + torch.bmm(d_matrix, trajectory[t - 1])
+            spins = trajectory[t]
+            tangent = spins * (1 - spins) * d_chi
+        return tangent.view(unary.shape)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
