@@ -5,6 +5,7 @@ meta tensors, and a clear refusal (never a wrong model) where export cannot be r
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.func import grad, hessian, jacrev, vmap
 
+from structattn.attention import StructuredMultiheadAttention
 from structattn.distributions import (
     DependencyCRF,
     LinearChainCRF,
@@ -248,3 +250,86 @@ def test_meta_tensors_propagate_shapes(make: Callable[[], StructuredDistribution
     raw = dist._raw[0]
     assert dist.log_partition.shape == (raw.shape[0],) and dist.log_partition.is_meta
     assert dist.marginals.shape == raw.shape and dist.marginals.is_meta
+
+
+# ---- export (#38.2) -------------------------------------------------------------------------
+class _SelfAttention(torch.nn.Module):
+    """A model with one StructuredMultiheadAttention layer, the key padding mask an input."""
+
+    def __init__(self, normalizer: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attention = StructuredMultiheadAttention(8, 2, batch_first=True, normalizer=normalizer)
+
+    def forward(self, x: Tensor, padding: Tensor) -> Tensor:
+        return self.attention(x, x, x, key_padding_mask=padding)[0]
+
+
+def _inputs(lengths: list[int], seed: int) -> tuple[Tensor, Tensor]:
+    x = torch.randn(len(lengths), 5, 8, generator=torch.Generator().manual_seed(seed))
+    padding = torch.arange(5) >= torch.tensor(lengths).unsqueeze(-1)  # True = padding
+    return x, padding
+
+
+_STRUCTURED = ["projective", "non-projective", "segmentation"]
+
+
+@pytest.mark.parametrize("normalizer", _STRUCTURED)
+def test_jit_trace_and_onnx_refuse_instead_of_a_wrong_model(normalizer: str) -> None:
+    model = _SelfAttention(normalizer).eval()
+    example = _inputs([5, 3], 0)
+    with pytest.raises(RuntimeError, match="cannot be traced by torch.jit.trace"):
+        torch.jit.trace(model, example, check_trace=False)
+    with pytest.raises(RuntimeError, match="torch.onnx.export"):
+        torch.onnx.export(model, example, io.BytesIO(), dynamo=False)
+    with pytest.raises(RuntimeError, match="cannot be compiled by torch.jit.script"):
+        torch.jit.script(model)
+
+
+@pytest.mark.parametrize("normalizer", ["projective", "segmentation", "mean-field"])
+def test_torch_export_gives_the_eager_result_on_new_inputs(normalizer: str) -> None:
+    """Exported with one padding mask, run with another: the eager result (the mask is an
+    input of the graph, not a constant)."""
+    model = _SelfAttention(normalizer).eval()
+    program = torch.export.export(model, _inputs([5, 3], 0))
+    for lengths, seed in (([4, 2], 1), ([5, 5], 2), ([2, 4], 3)):
+        x, padding = _inputs(lengths, seed)
+        torch.testing.assert_close(program.module()(x, padding), model(x, padding))
+
+
+def test_torch_export_refuses_non_projective_heads() -> None:
+    with pytest.raises(RuntimeError, match="cannot be exported by torch.export"):
+        torch.export.export(_SelfAttention("non-projective").eval(), _inputs([5, 3], 0))
+
+
+# ---- deterministic algorithms, activation checkpointing (README table) ---------------------
+@pytest.mark.parametrize("name", ["chain-shared", "projective", "non-projective"])
+def test_deterministic_algorithms(name: str) -> None:
+    make, shape = CASES[name]
+    x = _potentials(shape).float()
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = (make(x, True).marginals for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("normalizer", _STRUCTURED)
+def test_activation_checkpointing(normalizer: str) -> None:
+    """torch.utils.checkpoint over a structured layer: the gradients of running it plainly."""
+    model = _SelfAttention(normalizer)
+    x, padding = _inputs([5, 3], 0)
+    grads = []
+    for checkpointed in (False, True):
+        model.zero_grad()
+        leaf = x.clone().requires_grad_(True)
+        if checkpointed:
+            out = torch.utils.checkpoint.checkpoint(model, leaf, padding, use_reentrant=False)
+        else:
+            out = model(leaf, padding)
+        out.square().sum().backward()
+        assert leaf.grad is not None
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[0], grads[1])

@@ -9,6 +9,10 @@ ranks and shapes still run.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
 import torch
 from torch import Tensor
 
@@ -24,6 +28,39 @@ def is_transformed(x: object) -> bool:
     if torch.compiler.is_compiling():
         return True
     return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
+
+
+def tracing() -> bool:
+    """Whether tensors made now are a tracer's (``torch.compile``, ``torch.export``: fake,
+    proxy or functional modes) rather than real ones."""
+    if torch.compiler.is_compiling():
+        return True
+    keys = torch._C._TorchDispatchModeKey
+    return any(
+        torch._C._get_dispatch_mode(key) is not None
+        for key in (keys.FAKE, keys.PROXY, keys.FUNCTIONAL)
+    )
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def tensor_cache(maxsize: int) -> Callable[[_F], _F]:
+    """``functools.lru_cache`` for functions that build constant tensors (index tables), by
+    passed while a tracer runs: a cached fake tensor would otherwise reach later eager calls
+    (and a traced graph must build its own constants)."""
+
+    def decorate(fn: _F) -> _F:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            return fn(*args) if tracing() else cached(*args)
+
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return cast(_F, call)
+
+    return decorate
 
 
 def check_potentials(name: str, x: object, rank: int, allow_neg_inf: bool = True) -> Tensor:
@@ -121,8 +158,11 @@ def check_mask(
 def prefix_lengths(name: str, mask: Tensor, min_length: int = 1) -> Tensor:
     """Lengths [*] of a boolean mask [*, N] (True = real) whose real positions come first;
     ValueError naming ``name`` if it is not such a mask or leaves fewer than ``min_length``
-    real positions in a row. One host synchronisation."""
+    real positions in a row. One host synchronisation (none where the values cannot be read:
+    :func:`is_transformed`; the lengths are then returned unchecked)."""
     lengths = mask.sum(-1)
+    if is_transformed(mask):
+        return lengths
     # a prefix mask is non-increasing along the last dimension
     gaps = (mask[..., 1:] & ~mask[..., :-1]).any() if mask.shape[-1] > 1 else mask.new_zeros(())
     short = (lengths < min_length).any() if lengths.numel() else mask.new_zeros(())

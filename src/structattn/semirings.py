@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._validation import tracing
+
 __all__ = ["LogSemiring", "MaxSemiring", "SampleSemiring", "Semiring", "logsumexp"]
 
 
@@ -55,7 +57,20 @@ class _LogSumExp(torch.autograd.Function):
 
 def logsumexp(x: Tensor, dim: int) -> Tensor:
     """``log(sum(exp(x), dim))`` with finite gradients when a slice is all ``-inf``."""
+    if tracing():  # tracers (export, compile) see plain operations
+        return _traced_logsumexp(x, dim)
     return _LogSumExp.apply(x, dim)
+
+
+def _traced_logsumexp(x: Tensor, dim: int) -> Tensor:
+    """:func:`logsumexp` in plain differentiable operations (any order; 0 gradients where a
+    slice is all ``-inf``): what tracers record."""
+    top = x.detach().amax(dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = (x - top).exp().sum(dim)
+    some = total > 0
+    safe = torch.where(some, total, torch.ones_like(total))
+    return torch.where(some, safe.log() + top.squeeze(dim), torch.full_like(total, float("-inf")))
 
 
 class _SampledLogSumExp(torch.autograd.Function):

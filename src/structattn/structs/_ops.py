@@ -27,14 +27,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import is_transformed
+from .._validation import is_transformed, tensor_cache
 
 __all__ = [
     "Stash",
     "is_batched",
     "is_transformed",
+    "refuse_export",
+    "refuse_jit_trace",
     "reads_host",
     "sync_free",
+    "tensor_cache",
     "vmap_by_folding",
 ]
 
@@ -121,3 +124,27 @@ def sync_free() -> Iterator[None]:
         yield
     finally:
         _SYNC_FREE[0] = False
+
+
+def refuse_jit_trace(what: str) -> None:
+    """RuntimeError if ``torch.jit.trace`` or ``torch.onnx.export(..., dynamo=False)`` is
+    tracing: they record the dynamic programs' autograd Functions, C++ kernels and Python
+    control flow with the first inputs' lengths and masks as constants, a model that is wrong
+    on new inputs (issue 38.2). A clear error instead of a wrong model."""
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        raise RuntimeError(
+            f"{what} cannot be traced by torch.jit.trace or exported by "
+            "torch.onnx.export(dynamo=False): the trace would keep the lengths and masks of "
+            "the example inputs as constants and be wrong on new inputs. Use "
+            "torch.export.export (chains, projective trees: README, 'PyTorch features') or "
+            "keep the module in Python."
+        )
+
+
+def refuse_export(what: str) -> None:
+    """RuntimeError under ``torch.export`` for what it cannot trace correctly yet."""
+    if torch.compiler.is_exporting():
+        raise RuntimeError(
+            f"{what} cannot be exported by torch.export yet (README, 'PyTorch features'); "
+            "keep the module in Python."
+        )

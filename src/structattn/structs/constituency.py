@@ -21,13 +21,12 @@ writes into a chart, no strided views of a big tensor for autograd to scatter in
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._ops import tensor_cache
 
 __all__ = [
     "cky_inside",
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
     """Flat [N * N] positions of the spans [i, i + w - 1], width by width (w = 1 .. N; per
     width the N - w + 1 starts in order), and the per-width counts."""
@@ -125,7 +124,7 @@ def cky_inside(span_scores: Tensor, lengths: Tensor | None, semiring: type[Semir
     return semiring.sum(top, dim=-1)
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _parent_index(size: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     """Per width w = 1 .. N - 1 (``out[w - 1]``): flat positions in a chart [N * N + 1]
     (last entry a sentinel) of (parent, sibling) [N - w + 1, 2 (N - w)] for every span

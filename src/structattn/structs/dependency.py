@@ -20,7 +20,6 @@ each one batched step over all N - w spans of width w):
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -32,7 +31,7 @@ from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ..trees import is_projective, is_tree  # re-exported: their old import path
 from ._extension import kernels as host_kernels
-from ._ops import Stash, is_transformed, vmap_by_folding
+from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
 
 __all__ = [
     "eisner_inside",
@@ -51,7 +50,7 @@ def compiled_kernels(x: Tensor) -> Any:
     return None if is_transformed(x) else host_kernels(x)
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
     """Flat [N * N] positions of the arcs of every span, width by width (w = 1 .. N-1; per
     width the n = N - w arcs s -> t, then the n arcs t -> s), and the per-width counts."""
@@ -311,7 +310,7 @@ def _eisner_charts(
     return _Charts(chart, inner, last, multiroot, weights)
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _arc_index(size: int, device: torch.device) -> Tensor:
     """LongTensor [N * N]: the flat chart position of the I span of each arc h -> m (a slot
     that is never written, X[0, N-1, N-1], for h = m)."""
@@ -519,6 +518,7 @@ def eisner_max(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> T
     (ties: the first split point), with a hand-written backtrack as its backward (the
     gradient is the best tree's arc indicators); ``arc_scores`` must already have ``-inf``
     in column 0. Its gradient cannot be differentiated again (it is piecewise constant)."""
+    refuse_jit_trace("A projective dependency CRF")
     return _EisnerMax.apply(arc_scores, lengths, multiroot, Stash())
 
 
@@ -736,6 +736,7 @@ def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: 
     """log Z over projective trees, [B], like ``eisner_inside(..., LogSemiring)`` but with a
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that; ``arc_scores`` must already have ``-inf`` in column 0."""
+    refuse_jit_trace("A projective dependency CRF")
     wants_grad = arc_scores.requires_grad and torch.is_grad_enabled()
     return _EisnerLogPartition.apply(arc_scores, lengths, multiroot, wants_grad, Stash())
 
@@ -748,6 +749,7 @@ def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
     ``autograd.grad``; what a structured attention layer needs). ``arc_scores`` must
     already have ``-inf`` in column 0 and on the diagonal; entries beyond ``lengths`` are
     ignored. An item with no tree has zero marginals."""
+    refuse_jit_trace("Projective tree attention")
     if is_transformed(arc_scores):  # the charts inside the Function (its vmap rule folds)
         charts, kernels = None, None
     else:

@@ -19,7 +19,7 @@ from .._precision import full_precision
 from .._validation import last_index, length_mask
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
-from ._ops import Stash, is_batched, is_transformed, reads_host, vmap_by_folding
+from ._ops import Stash, is_batched, is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
     "chain_inside",
@@ -807,6 +807,7 @@ def chain_log_partition(
     value; its gradient is 0). ``method``: ``"scaled"`` (probability space with per-position
     normalisation; exact only for finite transitions of moderate spread), ``"log"`` (log
     space, any potentials) or ``"auto"`` (scaled when exact)."""
+    refuse_jit_trace("A linear-chain CRF")
     kernels = _chain_kernels(unary, pairwise, method) is not None
     unary = _zero_padding(unary, lengths, kernels)
     pair_grad = pairwise.requires_grad and torch.is_grad_enabled()
@@ -857,6 +858,7 @@ def chain_marginals(
     forward-backward, 0 at padding and for items with no valid structure. Differentiable to
     any order; the first backward (a loss on the marginals) is a hand-written
     Hessian-vector product, not a double backward. Arguments as :func:`chain_log_partition`."""
+    refuse_jit_trace("A linear-chain CRF (segmentation attention)")
     unary = _zero_padding(unary, lengths, _chain_kernels(unary, pairwise, method) is not None)
     out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method, Stash())
     if edges:

@@ -76,7 +76,7 @@ from .._precision import full_precision
 from .._validation import length_mask
 from ..semirings import logsumexp
 from ._extension import kernels as host_kernels
-from ._ops import is_transformed, reads_host, vmap_by_folding
+from ._ops import is_transformed, reads_host, refuse_export, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
     "chu_liu_edmonds",
@@ -573,6 +573,8 @@ def matrix_tree_log_partition(
     score ranges, ``-inf`` arcs that disconnect words) are recomputed together by the exact
     log-space elimination (:func:`_eliminate`, N sequential steps).
     """
+    refuse_jit_trace("A non-projective dependency CRF")
+    refuse_export("A non-projective dependency CRF")
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -608,6 +610,8 @@ def matrix_tree_marginals(
     Directly from the LU path (:func:`_lu_path`, closed form from the inverse, no autograd
     round trip through log Z); the items it cannot trust are recomputed as the gradient of
     the exact log-space elimination."""
+    refuse_jit_trace("Non-projective tree attention")
+    refuse_export("Non-projective tree attention")
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -623,7 +627,8 @@ def matrix_tree_marginals(
     if keep is None:
         return marginals
     index, sub = _fallback_items(keep, lengths, size)
-    if is_transformed(scores):  # under torch.func: a transform that composes with the others
+    if bool(torch._C._functorch.is_functorch_wrapped_tensor(scores)):
+        # under torch.func: a transform that composes with the others
         exact = torch.func.grad(lambda p: _eliminate(p, sub, multiroot).sum())(
             scores.index_select(0, index)
         )
