@@ -55,7 +55,8 @@ def tensor_cache(maxsize: int) -> Callable[[_F], _F]:
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
-            return fn(*args) if tracing() else cached(*args)
+            inside = torch._C._functorch.peek_interpreter_stack() is not None  # torch.func
+            return fn(*args) if inside or tracing() else cached(*args)
 
         call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
         return cast(_F, call)

@@ -562,8 +562,8 @@ def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
         or batch * max(n - 1, 0) * labels * labels > _SHARED_BUFFER
     ):
         return None
-    if method != "auto" or pairwise.dtype != unary.dtype:
-        return None
+    if method != "auto" or pairwise.dtype != unary.dtype or is_transformed(unary):
+        return None  # (the kernels take plain tensors: no torch.func wrapper, fake or meta)
     module = compiled_kernels(unary)
     if module is None or not hasattr(module, "chain_hvp") or pairwise.device != unary.device:
         return None
