@@ -25,6 +25,14 @@ def _widen(value: Any) -> Any:
     return value.float() if isinstance(value, Tensor) and value.dtype in _HALF else value
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for a type autocast does not know,
+    such as ``meta``)."""
+    if device_type == "meta":
+        return False
+    return torch.is_autocast_enabled(device_type)
+
+
 def full_precision(fn: _F) -> _F:
     """Decorate ``fn`` so that under autocast it runs with autocast off and float32 inputs;
     outside autocast it is called as is (one check, about a microsecond)."""
@@ -32,7 +40,7 @@ def full_precision(fn: _F) -> _F:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         tensor = next((a for a in args if isinstance(a, Tensor)), None)
-        if tensor is None or not torch.is_autocast_enabled(tensor.device.type):
+        if tensor is None or not _autocast_on(tensor.device.type):
             return fn(*args, **kwargs)
         args = tuple(_widen(a) for a in args)
         kwargs = {key: _widen(value) for key, value in kwargs.items()}
@@ -45,6 +53,6 @@ def full_precision(fn: _F) -> _F:
 def autocast_widened(*tensors: Tensor) -> tuple[Tensor, ...]:
     """``tensors`` with half precision widened to float32 when autocast is on for the first
     one's device (a distribution built under autocast computes in float32), else as is."""
-    if not tensors or not torch.is_autocast_enabled(tensors[0].device.type):
+    if not tensors or not _autocast_on(tensors[0].device.type):
         return tensors
     return tuple(_widen(t) for t in tensors)

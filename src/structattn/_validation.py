@@ -1,9 +1,67 @@
-"""Input checks shared by distributions and layers: clear ``ValueError`` naming the argument."""
+"""Input checks shared by distributions and layers: clear ``ValueError`` naming the argument.
+
+The checks of values (NaN, +inf, lengths' range, prefix masks, heads' range) read the data
+on the host. They are skipped for tensors whose values cannot be read there: under the
+``torch.func`` transforms (vmap, grad, jacrev, ...), while ``torch.compile`` or
+``torch.export`` trace, and for meta tensors (:func:`is_transformed`); the checks of types,
+ranks and shapes still run.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
 import torch
 from torch import Tensor
+
+
+def is_transformed(x: object) -> bool:
+    """Whether the values of ``x`` cannot be read on the host: a ``torch.func`` wrapper
+    (vmap's BatchedTensor, grad's GradTrackingTensor), a meta tensor, or a tensor seen while
+    ``torch.compile``/``torch.export`` trace (a fake tensor)."""
+    if not isinstance(x, Tensor):
+        return False
+    if x.is_meta or bool(torch._C._functorch.is_functorch_wrapped_tensor(x)):
+        return True
+    if torch.compiler.is_compiling():
+        return True
+    return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
+
+
+def tracing() -> bool:
+    """Whether tensors made now are a tracer's (``torch.compile``, ``torch.export``: fake,
+    proxy or functional modes) rather than real ones."""
+    if torch.compiler.is_compiling():
+        return True
+    keys = torch._C._TorchDispatchModeKey
+    return any(
+        torch._C._get_dispatch_mode(key) is not None
+        for key in (keys.FAKE, keys.PROXY, keys.FUNCTIONAL)
+    )
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def tensor_cache(maxsize: int) -> Callable[[_F], _F]:
+    """``functools.lru_cache`` for functions that build constant tensors (index tables), by
+    passed while a tracer runs: a cached fake tensor would otherwise reach later eager calls
+    (and a traced graph must build its own constants)."""
+
+    def decorate(fn: _F) -> _F:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            inside = torch._C._functorch.peek_interpreter_stack() is not None  # torch.func
+            return fn(*args) if inside or tracing() else cached(*args)
+
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return cast(_F, call)
+
+    return decorate
 
 
 def check_potentials(name: str, x: object, rank: int, allow_neg_inf: bool = True) -> Tensor:
@@ -16,6 +74,8 @@ def check_potentials(name: str, x: object, rank: int, allow_neg_inf: bool = True
         raise ValueError(f"`{name}` must have {rank} dimensions, got shape {tuple(x.shape)}")
     # one reduction and one host sync on the valid path: the max is NaN if any entry is NaN
     # (max propagates NaN) and +inf if any is +inf; the message is worked out afterwards
+    if is_transformed(x):
+        return x
     if x.numel() and not bool(x.amax() < float("inf")):
         if torch.isnan(x).any():
             raise ValueError(f"`{name}` contains NaN")
@@ -37,7 +97,7 @@ def check_lengths(
         raise ValueError(f"`lengths` must be an integer tensor, got dtype {lengths.dtype}")
     if lengths.shape != (batch,):
         raise ValueError(f"`lengths` must have shape ({batch},), got {tuple(lengths.shape)}")
-    if batch:
+    if batch and not is_transformed(lengths):
         smallest, largest = (int(v) for v in torch.stack(torch.aminmax(lengths)).tolist())
         if smallest < low or largest > high:
             raise ValueError(
@@ -91,7 +151,7 @@ def check_mask(
         )
     if device is not None:
         mask = mask.to(device)
-    if prefix:
+    if prefix and not is_transformed(mask):
         prefix_lengths(name, mask, min_length)
     return mask
 
@@ -99,8 +159,11 @@ def check_mask(
 def prefix_lengths(name: str, mask: Tensor, min_length: int = 1) -> Tensor:
     """Lengths [*] of a boolean mask [*, N] (True = real) whose real positions come first;
     ValueError naming ``name`` if it is not such a mask or leaves fewer than ``min_length``
-    real positions in a row. One host synchronisation."""
+    real positions in a row. One host synchronisation (none where the values cannot be read:
+    :func:`is_transformed`; the lengths are then returned unchecked)."""
     lengths = mask.sum(-1)
+    if is_transformed(mask):
+        return lengths
     # a prefix mask is non-increasing along the last dimension
     gaps = (mask[..., 1:] & ~mask[..., :-1]).any() if mask.shape[-1] > 1 else mask.new_zeros(())
     short = (lengths < min_length).any() if lengths.numel() else mask.new_zeros(())
@@ -136,7 +199,8 @@ def split_attention_mask(
             f"`{name}` must be a boolean (True = not allowed) or float (added to the scores) "
             f"tensor, got dtype {mask.dtype}"
         )
-    if mask.numel() and not bool(mask.amax() < float("inf")):  # NaN or +inf; one host sync
+    if mask.numel() and not is_transformed(mask) and not bool(mask.amax() < float("inf")):
+        # NaN or +inf; one host sync
         raise ValueError(f"`{name}` contains NaN or +inf")
     allowed = mask != float("-inf")
     return allowed, mask.to(dtype).masked_fill(~allowed, 0.0)
@@ -173,7 +237,7 @@ def check_head_range(
     if allow_none:
         none = ((heads == -1) | ~real).all(-1, keepdim=True)  # [B, 1]
         bad &= ~none
-    if bool(bad.any()):
+    if not is_transformed(bad) and bool(bad.any()):
         item, word = (int(i) for i in bad.nonzero()[0].tolist())
         raise ValueError(
             f"`heads` out of range: heads[{item}, {word}] = {int(heads[item, word])}, but a "

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._validation import tracing
+
 __all__ = ["LogSemiring", "MaxSemiring", "SampleSemiring", "Semiring", "logsumexp"]
 
 
@@ -27,12 +29,24 @@ class _LogSumExp(torch.autograd.Function):
     The backward is written with differentiable ops, so it supports gradients of any order.
     """
 
+    generate_vmap_rule = True  # forward and backward are plain tensor operations
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
-        out = torch.logsumexp(x, dim)
-        ctx.save_for_backward(x, out)
+    def forward(x: Tensor, dim: int) -> Tensor:
+        return torch.logsumexp(x, dim)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        x, dim = inputs
+        ctx.save_for_backward(x, output)
+        ctx.save_for_forward(x, output)
         ctx.dim = dim
-        return out
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, _: None) -> Tensor:
+        x, out = ctx.saved_tensors
+        finite_out = out.masked_fill(torch.isneginf(out), 0.0).unsqueeze(ctx.dim)
+        return ((x - finite_out).exp() * tangent).sum(ctx.dim)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -43,7 +57,20 @@ class _LogSumExp(torch.autograd.Function):
 
 def logsumexp(x: Tensor, dim: int) -> Tensor:
     """``log(sum(exp(x), dim))`` with finite gradients when a slice is all ``-inf``."""
+    if tracing():  # tracers (export, compile) see plain operations
+        return _traced_logsumexp(x, dim)
     return _LogSumExp.apply(x, dim)
+
+
+def _traced_logsumexp(x: Tensor, dim: int) -> Tensor:
+    """:func:`logsumexp` in plain differentiable operations (any order; 0 gradients where a
+    slice is all ``-inf``): what tracers record."""
+    top = x.detach().amax(dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = (x - top).exp().sum(dim)
+    some = total > 0
+    safe = torch.where(some, total, torch.ones_like(total))
+    return torch.where(some, safe.log() + top.squeeze(dim), torch.full_like(total, float("-inf")))
 
 
 class _SampledLogSumExp(torch.autograd.Function):
@@ -51,11 +78,17 @@ class _SampledLogSumExp(torch.autograd.Function):
     with probability ``softmax(x)`` (Gumbel-max), so back-propagating through an inside
     pass walks down one derivation drawn exactly from the Gibbs distribution."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
+    def forward(x: Tensor, dim: int) -> Tensor:
+        return torch.logsumexp(x, dim)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        x, dim = inputs
         ctx.save_for_backward(x)
         ctx.dim = dim
-        return torch.logsumexp(x, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:

@@ -8,6 +8,17 @@ from torch import Tensor
 from .._validation import check_mask
 
 
+def refuse_scripting(module: object) -> object:
+    """``__prepare_scriptable__`` of the structured layers: ``torch.jit.script`` runs it
+    before compiling, so scripting one of them fails with this one clear error (TorchScript
+    cannot compile their dynamic programs) instead of an error about a type annotation."""
+    raise RuntimeError(
+        f"{type(module).__name__} cannot be compiled by torch.jit.script (its dynamic programs "
+        "are Python code and autograd Functions). Use torch.export.export or torch.compile "
+        "(README, 'PyTorch features'), or keep the module in Python."
+    )
+
+
 def as_queries(query: Tensor, name: str = "query") -> tuple[Tensor, bool]:
     """Accept [B, D] (one query per item) or [B, Q, D]; return [B, Q, D] and whether Q was added."""
     if not isinstance(query, Tensor) or query.dim() not in (2, 3):

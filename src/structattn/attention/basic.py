@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions import LinearChainCRF
-from ._common import as_queries, check_attention_inputs, check_memory
+from ._common import as_queries, check_attention_inputs, check_memory, refuse_scripting
 from .normalizers import segmentation_crf, segmentation_weights, sigmoid_weights, softmax_weights
 from .scorers import Scorer, make_scorer
 
@@ -130,6 +130,8 @@ class SegmentationAttention(_ScoredAttention):
         >>> out.weights.shape
         torch.Size([2, 3, 5])
     """
+
+    __prepare_scriptable__ = refuse_scripting  # torch.jit.script: one clear error
 
     def __init__(
         self,

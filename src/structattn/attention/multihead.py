@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from .._validation import prefix_lengths, split_attention_mask
 from ..names import Structure, TreeStructure
+from ._common import refuse_scripting
 from ._spans import span_self_attention_weights
 from .normalizers import (
     NORMALIZERS,
@@ -98,6 +99,8 @@ class StructuredMultiheadAttention(nn.Module):
         >>> out.shape, weights.shape
         (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
     """
+
+    __prepare_scriptable__ = refuse_scripting  # torch.jit.script: one clear error
 
     transitions: nn.Parameter | None  # [segmentation heads, 2, 2]
     root_key: nn.Parameter | None  # [tree heads, d]

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from .._validation import check_mask, prefix_lengths
 from ..distributions.base import StructuredDistribution
 from ..names import ARC_STRUCTURES, ArcStructure
-from ._common import check_memory, masked_softmax
+from ._common import check_memory, masked_softmax, refuse_scripting
 from .normalizers import tree_distribution
 
 __all__ = ["BiLSTMArcScorer", "SyntacticAttention", "SyntacticAttentionOutput"]
@@ -123,6 +123,8 @@ class SyntacticAttention(nn.Module):
         >>> out.parents.shape, out.marginals.shape
         (torch.Size([2, 5, 16]), torch.Size([2, 6, 6]))
     """
+
+    __prepare_scriptable__ = refuse_scripting  # torch.jit.script: one clear error
 
     def __init__(
         self,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import is_transformed
+
 
 def check_tensor(name: str, x: object, ranks: tuple[int, ...]) -> Tensor:
     """ValueError naming ``name`` unless ``x`` is a floating tensor of one of ``ranks``."""
@@ -27,8 +29,9 @@ def check_read_entries(name: str, x: Tensor, read: Tensor, allow_neg_inf: bool =
     """ValueError naming ``name`` if an entry of ``x`` where ``read`` (broadcast to the
     leading dimensions of ``x``) is True is NaN or +inf (or -inf, unless allowed).
 
-    One reduction and one host sync on the valid path."""
-    if not x.numel():
+    One reduction and one host sync on the valid path; skipped where values cannot be read
+    on the host (``torch.func`` transforms, tracing, meta tensors: ``is_transformed``)."""
+    if not x.numel() or is_transformed(x):
         return
     read = read.reshape(*read.shape, *([1] * (x.dim() - read.dim())))
     values = torch.where(read, x, torch.zeros((), dtype=x.dtype, device=x.device))

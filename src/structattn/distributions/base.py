@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import Tensor
 
+from .._validation import is_transformed
 from ..semirings import LogSemiring, MaxSemiring, SampleSemiring, Semiring
 
 __all__ = ["StructuredDistribution"]
@@ -132,6 +133,8 @@ class StructuredDistribution:
 
         ``repeat`` > 1 tiles the batch (for several samples at once): B' = repeat * B.
         """
+        if any(is_transformed(t) for t in self._raw):
+            return self._inside_with_func(semiring, repeat)
         with torch.inference_mode(False), torch.enable_grad():
             # a raw tensor is used as is only when the grads must flow back into it
             raw = tuple(
@@ -149,6 +152,26 @@ class StructuredDistribution:
             grads = torch.autograd.grad(
                 value.sum(), parts, create_graph=create_graph, materialize_grads=True
             )
+        return value, grads
+
+    def _inside_with_func(
+        self, semiring: type[Semiring], repeat: int = 1
+    ) -> tuple[Tensor, Sequence[Tensor]]:
+        """:meth:`_inside_with_grad` under ``torch.func`` transforms (and ``torch.compile``
+        tracing), which ``torch.autograd.grad`` cannot see: the gradient by ``torch.func.grad``,
+        which composes with them (and stays differentiable by the outer ones)."""
+        parts = self._parts(*self._raw)
+        lengths = self.lengths
+        if repeat > 1:
+            parts = tuple(p.repeat(repeat, *([1] * (p.dim() - 1))) for p in parts)
+            lengths = None if lengths is None else lengths.repeat(repeat)
+
+        def total(*args: Tensor) -> tuple[Tensor, Tensor]:
+            value = self._inside(semiring, args, lengths)
+            return value.sum(), value
+
+        argnums = tuple(range(len(parts)))
+        grads, value = torch.func.grad(total, argnums=argnums, has_aux=True)(*parts)
         return value, grads
 
     @cached_property

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .._precision import autocast_widened
-from .._validation import check_head_range, check_lengths, check_potentials, length_mask
+from .._validation import (
+    check_head_range,
+    check_lengths,
+    check_potentials,
+    length_mask,
+    tensor_cache,
+)
 from ..semirings import LogSemiring, MaxSemiring, Semiring, logsumexp
 from ..structs.dependency import (
     eisner_argmax,
@@ -35,7 +41,7 @@ class LabelledHeads(NamedTuple):
     labels: Tensor
 
 
-@lru_cache(maxsize=32)
+@tensor_cache(maxsize=32)
 def _arc_fill(size: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """(allowed BoolTensor [N, N]: not an arc into ROOT nor a self loop; fill [N, N]: -inf
     where not allowed, 0 elsewhere; reach LongTensor [N, N]: max(h, m) where allowed, N

@@ -21,7 +21,6 @@ writes into a chart, no strided views of a big tensor for autograd to scatter in
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -31,6 +30,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
+from ._ops import tensor_cache
 
 __all__ = [
     "cky_inside",
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
     """Flat [N * N] positions of the spans [i, i + w - 1], width by width (w = 1 .. N; per
     width the N - w + 1 starts in order), and the per-width counts."""

@@ -20,7 +20,6 @@ each one batched step over all N - w spans of width w):
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -31,8 +30,9 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ..trees import is_projective, is_tree  # re-exported: their old import path
-from ._extension import kernels as compiled_kernels
+from ._extension import kernels as host_kernels
 from ._extension import loaded_target
+from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
 
 __all__ = [
     "eisner_inside",
@@ -45,7 +45,13 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=64)
+def compiled_kernels(x: Tensor) -> Any:
+    """The C++ kernels for ``x`` (see :mod:`._extension`), never for tensors they cannot
+    take (``torch.func`` wrappers, meta or fake tensors)."""
+    return None if is_transformed(x) else host_kernels(x)
+
+
+@tensor_cache(maxsize=64)
 def _width_index(size: int, device: torch.device) -> tuple[Tensor, list[int]]:
     """Flat [N * N] positions of the arcs of every span, width by width (w = 1 .. N-1; per
     width the n = N - w arcs s -> t, then the n arcs t -> s), and the per-width counts."""
@@ -318,7 +324,7 @@ def _eisner_charts(
     return _Charts(chart, inner, last, multiroot, weights)
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _arc_index(size: int, device: torch.device) -> Tensor:
     """LongTensor [N * N]: the flat chart position of the I span of each arc h -> m (a slot
     that is never written, X[0, N-1, N-1], for h = m)."""
@@ -454,31 +460,51 @@ class _EisnerMax(torch.autograd.Function):
     pass and the backtrack in one fused kernel (``eisner_map``) and keeps the best heads."""
 
     @staticmethod
-    def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+    def forward(
+        arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, stash: Stash
+    ) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         kernels = _map_kernels(arc_scores)
-        ctx.size = arc_scores.shape[-1]
         if kernels is not None:  # fused C++ pass + backtrack
-            score, ctx.heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
+            score, heads = kernels.eisner_map(arc_scores.detach(), last, multiroot)
+            stash.value = heads, None, last
             return score
-        ctx.heads = None
         splits: list[tuple[Tensor, Tensor]] = []
         charts = _eisner_charts(arc_scores.detach(), last, multiroot, splits=splits)
-        ctx.splits = splits
-        ctx.save_for_backward(last)
+        stash.value = None, splits, last
         return charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
 
     @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        arc_scores, lengths, multiroot, stash = inputs
+        if stash.value is None:  # the forward ran through the vmap rule: recompute
+            _EisnerMax.forward(arc_scores.detach(), lengths, multiroot, stash)
+        ctx.heads, ctx.splits, last = stash.value
+        ctx.size = arc_scores.shape[-1]
+        ctx.save_for_backward(last)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        multiroot = args[2]
+        return vmap_by_folding(
+            lambda a, n: _EisnerMax.apply(a, n, multiroot, Stash()),
+            info,
+            in_dims[:2],
+            args[:2],
+            (True, True),
+        )
+
+    @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         if ctx.heads is not None:  # the best tree's arcs heads[m] -> m, times grad
             heads = ctx.heads
             tree = grad.new_zeros(heads.shape[0], ctx.size, ctx.size)
             arcs = (heads >= 0).to(grad.dtype) * grad.unsqueeze(-1)  # [B, N]
             tree.scatter_(1, heads.clamp_min(0).unsqueeze(1), arcs.unsqueeze(1))
-            return tree, None, None
+            return tree, None, None, None
         (last,) = ctx.saved_tensors
-        return _eisner_backtrack(ctx.splits, last, grad, ctx.size), None, None
+        return _eisner_backtrack(ctx.splits, last, grad, ctx.size), None, None, None
 
 
 @full_precision
@@ -506,7 +532,8 @@ def eisner_max(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> T
     (ties: the first split point), with a hand-written backtrack as its backward (the
     gradient is the best tree's arc indicators); ``arc_scores`` must already have ``-inf``
     in column 0. Its gradient cannot be differentiated again (it is piecewise constant)."""
-    return _EisnerMax.apply(arc_scores, lengths, multiroot)
+    refuse_jit_trace("A projective dependency CRF")
+    return _EisnerMax.apply(arc_scores, lengths, multiroot, Stash())
 
 
 class _EisnerLogPartition(torch.autograd.Function):
@@ -518,36 +545,67 @@ class _EisnerLogPartition(torch.autograd.Function):
     (the same algorithm; ``ctx.charts`` is then their state), else in the code above."""
 
     @staticmethod
-    def forward(ctx: Any, arc_scores: Tensor, lengths: Tensor | None, multiroot: bool) -> Tensor:
+    def forward(
+        arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, wants_grad: bool, stash: Stash
+    ) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         batch, size, _ = arc_scores.shape
         fits = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
-        small = fits and ctx.needs_input_grad[0]
+        small = fits and wants_grad
         kernels = compiled_kernels(arc_scores)
         if kernels is not None:
             fused = _fused(size)
-            ctx.charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, small, fused)
-            logz = kernels.eisner_log_partition(ctx.charts)
+            charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, small, fused)
+            logz = kernels.eisner_log_partition(charts)
         else:
-            ctx.charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
-            logz = ctx.charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
-        ctx.save_for_backward(arc_scores)
-        ctx.kernels = kernels
-        ctx.lengths = lengths
-        ctx.multiroot = multiroot
+            charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
+            logz = charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
+        stash.value = charts, kernels
         return logz  # [B]
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        arc_scores, lengths, multiroot, _, stash = inputs
+        # an empty stash: the forward ran through the vmap rule (vmap outside grad); the
+        # backward then recomputes the charts (in _EisnerMarginals)
+        ctx.charts, ctx.kernels = stash.value if stash.value is not None else (None, None)
+        ctx.save_for_backward(arc_scores)
+        ctx.save_for_forward(arc_scores)
+        ctx.lengths = lengths
+        ctx.multiroot = multiroot
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        _, _, multiroot, wants_grad, _ = args
+        return vmap_by_folding(
+            lambda a, n: _EisnerLogPartition.apply(a, n, multiroot, wants_grad, Stash()),
+            info,
+            in_dims[:2],
+            args[:2],
+            (True, True),
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: Any) -> Tensor:
         (arc_scores,) = ctx.saved_tensors
+        seed = arc_scores.new_ones(arc_scores.shape[0])
+        marginals = _EisnerMarginals.apply(
+            arc_scores, seed, ctx.charts, ctx.lengths, ctx.multiroot, ctx.kernels, Stash()
+        )
+        return (marginals * tangent).flatten(1).sum(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+        (arc_scores,) = ctx.saved_tensors
+        nones = (None, None, None, None)
         if torch.is_grad_enabled():  # differentiated again: one node with its own backward
             marginals = _EisnerMarginals.apply(
-                arc_scores, grad, ctx.charts, ctx.lengths, ctx.multiroot, ctx.kernels
+                arc_scores, grad, ctx.charts, ctx.lengths, ctx.multiroot, ctx.kernels, Stash()
             )
-            return marginals, None, None
+            return marginals, *nones
         if ctx.kernels is not None:
-            return ctx.kernels.eisner_outside(ctx.charts, grad), None, None
-        return _arc_grads(_eisner_outside(ctx.charts, grad)), None, None
+            return ctx.kernels.eisner_outside(ctx.charts, grad), *nones
+        return _arc_grads(_eisner_outside(ctx.charts, grad)), *nones
 
 
 class _EisnerMarginals(torch.autograd.Function):
@@ -558,48 +616,133 @@ class _EisnerMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
         arc_scores: Tensor,
         seed: Tensor,
         charts: Any,
         lengths: Tensor | None,
         multiroot: bool,
         kernels: Any,
+        stash: Stash,
     ) -> Tensor:
+        if charts is None:  # not computed by the caller (a vmap rule): the inside pass here
+            charts, kernels = _inside_charts(arc_scores, lengths, multiroot, True)
         parents: list[Tensor] | None = None
+        kept = None
         if kernels is not None:  # the outside charts stay in ctx.kept, for the backward
-            marginals, ctx.kept = kernels.eisner_marginals(charts, torch.ones_like(seed))
+            marginals, kept = kernels.eisner_marginals(charts, torch.ones_like(seed))
             outside = marginals.new_empty(0)
         else:
             parents = None if charts.weights is None else []
             outside = _eisner_outside(charts, torch.ones_like(seed), parents)
             marginals = _arc_grads(outside)  # [B, N, N]
+        stash.value = charts, kernels, kept, parents, marginals, outside
+        return marginals * seed.view(-1, 1, 1)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        arc_scores, seed, _, lengths, multiroot, _, stash = inputs
+        if stash.value is None:  # the forward ran through the vmap rule (vmap outside grad):
+            # the backward works from the scores (by torch.func)
+            stash.value = None, None, None, None, output.new_empty(0), output.new_empty(0)
+        ctx.charts, ctx.kernels, ctx.kept, ctx.parents, marginals, outside = stash.value
         ctx.save_for_backward(arc_scores, seed, marginals, outside)
-        ctx.charts = charts
-        ctx.parents = parents
+        ctx.save_for_forward(arc_scores, seed, marginals, outside)
         ctx.lengths = lengths
         ctx.multiroot = multiroot
-        ctx.kernels = kernels
-        return marginals * seed.view(-1, 1, 1)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        arc_scores, seed, charts, lengths, multiroot, kernels = args[:6]
+        if in_dims[0] is None and in_dims[3] is None:  # only the seed is vmapped
+            unit = _EisnerMarginals.apply(
+                arc_scores,
+                torch.ones_like(arc_scores[:, 0, 0]),
+                charts,
+                lengths,
+                multiroot,
+                kernels,
+                Stash(),
+            )  # [B, N, N]
+            return unit * seed.movedim(in_dims[1], 0)[..., None, None], 0
+        return vmap_by_folding(
+            lambda a, s, n: _EisnerMarginals.apply(a, s, None, n, multiroot, None, Stash()),
+            info,
+            (in_dims[0], in_dims[1], in_dims[3]),
+            (arc_scores, seed, lengths),
+            (True, True, True),
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, t_scores: Tensor | None, t_seed: Tensor | None, *_: Any) -> Tensor:
+        # d(seed * mu) = seed * H t_scores + mu * t_seed (H: the Hessian of log Z)
+        arc_scores, seed, marginals, _ = ctx.saved_tensors
+        out = torch.zeros_like(marginals)
+        if t_scores is not None:
+            out = out + _hvp_by_func(arc_scores, ctx.lengths, ctx.multiroot, t_scores, True)
+            out = out * seed.view(-1, 1, 1)
+        if t_seed is not None:
+            out = out + marginals * t_seed.view(-1, 1, 1)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         arc_scores, seed, marginals, outside = ctx.saved_tensors
-        if ctx.needs_input_grad[0] and torch.is_grad_enabled():
+        if ctx.needs_input_grad[0] and torch.is_grad_enabled() and not is_transformed(grad):
             # third order and beyond: autograd through the inside pass
             logz = eisner_inside(arc_scores, ctx.lengths, ctx.multiroot, LogSemiring)
             (unit,) = torch.autograd.grad(logz.sum(), arc_scores, create_graph=True)
             scaled = grad * seed.view(-1, 1, 1)
             (hvp,) = torch.autograd.grad(unit, arc_scores, scaled, create_graph=True)
-            return hvp, (grad * unit).flatten(1).sum(-1), None, None, None, None
+            return hvp, (grad * unit).flatten(1).sum(-1), None, None, None, None, None
+        if ctx.charts is None:
+            marginals = torch.func.grad(
+                lambda a: eisner_inside(a, ctx.lengths, ctx.multiroot, LogSemiring).sum()
+            )(arc_scores)
         g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
         if not ctx.needs_input_grad[0]:
-            return None, g_seed, None, None, None, None
-        if ctx.kernels is not None:
+            return None, g_seed, None, None, None, None, None
+        if is_transformed(grad) or ctx.charts is None:
+            # under torch.func (the in-place passes on the charts take plain tensors only)
+            hvp = _hvp_by_func(arc_scores, ctx.lengths, ctx.multiroot, grad, False)
+        elif ctx.kernels is not None:
             hvp = ctx.kernels.eisner_hvp(ctx.charts, ctx.kept, grad)
         else:
             hvp = _eisner_hvp(ctx.charts, outside, ctx.parents, grad)
-        return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None
+        return hvp * seed.view(-1, 1, 1), g_seed, None, None, None, None, None
+
+
+def _hvp_by_func(
+    arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, direction: Tensor, forward: bool
+) -> Tensor:
+    """The Hessian of log Z times ``direction`` by ``torch.func`` through :func:`eisner_inside`
+    (differentiable tensor operations: composes with vmap and the other transforms), by
+    forward-over-reverse (``forward``) or reverse-over-reverse."""
+
+    def unit(a: Tensor) -> Tensor:
+        return eisner_inside(a, lengths, multiroot, LogSemiring).sum()
+
+    marginals = torch.func.grad(unit)
+    if forward:
+        out: Tensor = torch.func.jvp(marginals, (arc_scores,), (direction,))[1]
+        return out
+    _, vjp, *_ = torch.func.vjp(marginals, arc_scores)
+    back: Tensor = vjp(direction)[0]
+    return back
+
+
+def _inside_charts(
+    arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, keep: bool
+) -> tuple[Any, Any]:
+    """(inside charts, the kernels that hold them or None) for :class:`_EisnerMarginals`."""
+    batch, size, _ = arc_scores.shape
+    last = last_index(lengths, batch, size, arc_scores.device)
+    keep = keep and 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
+    kernels = compiled_kernels(arc_scores)
+    with torch.no_grad():
+        if kernels is not None:
+            fused = _fused(size)
+            return kernels.eisner_inside(arc_scores.detach(), last, multiroot, keep, fused), kernels
+        return _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=keep), None
 
 
 @full_precision
@@ -607,7 +750,9 @@ def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: 
     """log Z over projective trees, [B], like ``eisner_inside(..., LogSemiring)`` but with a
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that; ``arc_scores`` must already have ``-inf`` in column 0."""
-    return _EisnerLogPartition.apply(arc_scores, lengths, multiroot)
+    refuse_jit_trace("A projective dependency CRF")
+    wants_grad = arc_scores.requires_grad and torch.is_grad_enabled()
+    return _EisnerLogPartition.apply(arc_scores, lengths, multiroot, wants_grad, Stash())
 
 
 @full_precision
@@ -618,19 +763,13 @@ def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
     ``autograd.grad``; what a structured attention layer needs). ``arc_scores`` must
     already have ``-inf`` in column 0 and on the diagonal; entries beyond ``lengths`` are
     ignored. An item with no tree has zero marginals."""
-    batch, size, _ = arc_scores.shape
-    last = last_index(lengths, batch, size, arc_scores.device)
-    fits = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
-    keep = fits and arc_scores.requires_grad
-    kernels = compiled_kernels(arc_scores)
-    with torch.no_grad():
-        if kernels is not None:
-            fused = _fused(size)
-            charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, keep, fused)
-        else:
-            charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=keep)
-    seed = arc_scores.new_ones(batch)
-    return _EisnerMarginals.apply(arc_scores, seed, charts, lengths, multiroot, kernels)
+    refuse_jit_trace("Projective tree attention")
+    if is_transformed(arc_scores):  # the charts inside the Function (its vmap rule folds)
+        charts, kernels = None, None
+    else:
+        charts, kernels = _inside_charts(arc_scores, lengths, multiroot, arc_scores.requires_grad)
+    seed = arc_scores.new_ones(arc_scores.shape[0])
+    return _EisnerMarginals.apply(arc_scores, seed, charts, lengths, multiroot, kernels, Stash())
 
 
 def tree_score(arc_scores: Tensor, heads: Tensor, mask: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from .._precision import full_precision
 from .._validation import last_index, length_mask
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
+from ._ops import Stash, is_batched, is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
     "chain_inside",
@@ -211,7 +212,7 @@ class _Pass(NamedTuple):
 def _scaled_steps(pairwise: Tensor, top: Tensor) -> tuple[int, bool]:
     """(k, any position without a label) for the scaled pass: it may take k steps between
     normalisations (k = 0: it is not exact). ``top`` [B, N, 1]: each position's largest
-    unary. One host sync.
+    unary. Reads two values on the host (CPU only: :func:`._ops.reads_host`).
 
     With R the spread of the transitions (max - min; +inf if any is -inf), K >= e^-R, so one
     step shrinks Σ_c â by at most e^-R and grows it by at most C; a label whose U_i
@@ -389,7 +390,7 @@ def _forward_pass(unary: Tensor, pairwise: Tensor, lengths: Tensor | None, metho
     last = last_index(lengths, unary.shape[0], unary.shape[1], unary.device)
     with torch.no_grad():
         unary, pairwise = unary.detach(), pairwise.detach()
-        if method != "log":
+        if method == "scaled" or (method == "auto" and reads_host(pairwise)):
             top = unary.amax(-1, keepdim=True)  # [B, N, 1]
             every, any_empty = _scaled_steps(pairwise, top)
             if every:
@@ -576,8 +577,8 @@ def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
         or batch * max(n - 1, 0) * labels * labels > _SHARED_BUFFER
     ):
         return None
-    if method != "auto" or pairwise.dtype != unary.dtype:
-        return None
+    if method != "auto" or pairwise.dtype != unary.dtype or is_transformed(unary):
+        return None  # (the kernels take plain tensors: no torch.func wrapper, fake or meta)
     module = compiled_kernels(unary)
     if module is None or not hasattr(module, "chain_hvp") or pairwise.device != unary.device:
         return None
@@ -602,35 +603,77 @@ class _ChainLogPartition(torch.autograd.Function):
     by hand, the marginals times the incoming gradient). When the backward is differentiated
     again (``create_graph``), the marginals come from :class:`_ChainMarginals`, whose
     backward is a Hessian-vector product by hand. With few labels on CPU both passes run in
-    the C++ kernels when they are built (:func:`_chain_kernels`)."""
+    the C++ kernels when they are built (:func:`_chain_kernels`). ``pair_grad``: the
+    gradient of ``pairwise`` is wanted (the kernels then keep the edge marginals)."""
 
     @staticmethod
     def forward(
-        ctx: Any, unary: Tensor, pairwise: Tensor, lengths: Tensor | None, method: str
+        unary: Tensor,
+        pairwise: Tensor,
+        lengths: Tensor | None,
+        method: str,
+        pair_grad: bool,
+        stash: Stash,
     ) -> Tensor:
-        ctx.lengths = lengths
-        ctx.method = method
-        ctx.kernels = _chain_kernels(unary, pairwise, method)
-        if ctx.kernels is not None:
+        kernels = _chain_kernels(unary, pairwise, method)
+        if kernels is not None:
             # a shared matrix's gradient needs only each item's edge marginals summed
-            edges = (2 if pairwise.dim() == 2 else 1) if ctx.needs_input_grad[1] else 0
-            logz, node, edge, _, _ = _kernel_pass(ctx.kernels, unary, pairwise, lengths, edges)
-            ctx.save_for_backward(unary, pairwise, node, edge)
+            edges = (2 if pairwise.dim() == 2 else 1) if pair_grad else 0
+            logz, node, edge, _, _ = _kernel_pass(kernels, unary, pairwise, lengths, edges)
+            stash.value = kernels, (node, edge)
             return logz
         fw = _forward_pass(unary, pairwise, lengths, method)
-        ctx.save_for_backward(unary, pairwise, *fw)
+        stash.value = None, tuple(fw)
         return fw.logz
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        unary, pairwise, lengths, method, _, stash = inputs
+        # an empty stash: the forward ran through the vmap rule (vmap outside grad); the
+        # backward then recomputes what it needs
+        ctx.kernels, saved = stash.value if stash.value is not None else (None, ())
+        ctx.lengths = lengths
+        ctx.method = method
+        ctx.save_for_backward(unary, pairwise, *saved)
+        ctx.save_for_forward(unary, pairwise, *saved)  # for jvp (torch.func.hessian)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        unary, pairwise, lengths, method, pair_grad, _ = args
+        in_dims, pairwise = _per_step_if_vmapped(unary, pairwise, in_dims)
+        return vmap_by_folding(
+            lambda u, p, n: _ChainLogPartition.apply(u, p, n, method, pair_grad, Stash()),
+            info,
+            in_dims[:3],
+            (unary, pairwise, lengths),
+            (True, pairwise.dim() > 2, True),
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, t_unary: Tensor | None, t_pair: Tensor | None, *_: Any) -> Tensor:
+        # d log Z = <p(z_i), dot unary> + <p(z_i, z_i+1), dot pairwise>
+        unary, pairwise = ctx.saved_tensors[:2]
+        node, edge = _ChainMarginals.apply(unary, pairwise, ctx.lengths, True, ctx.method, Stash())
+        out = unary.new_zeros(unary.shape[0])
+        if t_unary is not None:
+            out = out + (node * t_unary).flatten(1).sum(-1)
+        if t_pair is not None:
+            out = out + (edge * t_pair).flatten(1).sum(-1)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         unary, pairwise, *saved = ctx.saved_tensors
         shared = pairwise.dim() == 2
+        nones = (None, None, None, None)
         if torch.is_grad_enabled():
-            node, edge = _ChainMarginals.apply(unary, pairwise, ctx.lengths, True, ctx.method)
+            node, edge = _ChainMarginals.apply(
+                unary, pairwise, ctx.lengths, True, ctx.method, Stash()
+            )
             d_pair = edge * grad.view(-1, 1, 1, 1)
             if shared:
                 d_pair = d_pair.sum((0, 1))
-            return node * grad.view(-1, 1, 1), d_pair, None, None
+            return node * grad.view(-1, 1, 1), d_pair, *nones
         if ctx.kernels is not None:
             node, edge = saved
             d_unary = node * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
@@ -640,71 +683,133 @@ class _ChainLogPartition(torch.autograd.Function):
                     d_pair = (grad @ edge.flatten(1)).view_as(pairwise)
                 else:
                     d_pair = edge * grad.view(-1, 1, 1, 1)
-            return d_unary, d_pair, None, None
+            return d_unary, d_pair, *nones
         fw = _Pass(*saved)
         beta = _beta(fw)
         d_unary = fw.scaled * beta * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
         d_pair = _pairwise_grad(fw, beta, grad, shared) if ctx.needs_input_grad[1] else None
-        return d_unary, d_pair, None, None
+        return d_unary, d_pair, *nones
+
+
+def _per_step_if_vmapped(
+    unary: Tensor, pairwise: Tensor, in_dims: tuple[int | None, ...]
+) -> tuple[tuple[int | None, ...], Tensor]:
+    """For a vmap rule: a vmapped shared matrix (physically [V, C, C] in some order) becomes
+    per-step matrices [V, B, N-1, C, C] (vmapped dimension 0), which fold into the batch."""
+    if in_dims[1] is None or pairwise.dim() != 3:
+        return in_dims, pairwise
+    shape = list(unary.shape)  # the logical [B, N, C] once the vmapped dimension is dropped
+    if in_dims[0] is not None:
+        del shape[in_dims[0]]
+    stacked = pairwise.movedim(in_dims[1], 0)  # [V, C, C]
+    size, c = stacked.shape[0], stacked.shape[-1]
+    per_step = stacked[:, None, None].expand(size, shape[0], shape[1] - 1, c, c)
+    return (in_dims[0], 0, *in_dims[2:]), per_step
 
 
 class _ChainMarginals(torch.autograd.Function):
     """Node marginals [B, N, C] (and edge marginals [B, N-1, C, C] if ``edges``) by the
     forward pass and the backward sweep; backward: the Hessian-vector product by hand
     (:func:`_hvp`, or ``chain_hvp`` of the C++ kernels). Differentiating that once more falls
-    back to autograd through :func:`chain_inside` (any order)."""
+    back to autograd through :func:`chain_inside` (any order; not under ``torch.func``, whose
+    transforms that fallback cannot see: there derivatives go up to the second order)."""
 
     @staticmethod
     def forward(
-        ctx: Any,
         unary: Tensor,
         pairwise: Tensor,
         lengths: Tensor | None,
         edges: bool,
         method: str,
+        stash: Stash,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        ctx.lengths = lengths
-        ctx.kernels = _chain_kernels(unary, pairwise, method)
-        if ctx.kernels is not None:
-            _, node, edge, trans, last = _kernel_pass(
-                ctx.kernels, unary, pairwise, lengths, int(edges)
-            )
-            ctx.save_for_backward(unary, pairwise, trans, node, last)
+        kernels = _chain_kernels(unary, pairwise, method)
+        if kernels is not None:
+            _, node, edge, trans, last = _kernel_pass(kernels, unary, pairwise, lengths, int(edges))
+            stash.value = kernels, (trans, node, last)
             return (node, edge) if edges else node
         fw = _forward_pass(unary, pairwise, lengths, method)
         beta = _beta(fw)
         fw = fw._replace(beta=beta)
-        ctx.save_for_backward(unary, pairwise, *fw)
+        stash.value = None, tuple(fw)
         node = fw.scaled * beta
         if edges:
             return node, _edge_marginals(fw, beta)
         return node
 
     @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        unary, pairwise, lengths, edges, method, stash = inputs
+        ctx.set_materialize_grads(False)
+        ctx.lengths = lengths
+        ctx.method = method
+        ctx.edges_out = edges
+        # an empty stash: the forward ran through the vmap rule (vmap outside grad); the
+        # backward then recomputes what it needs
+        ctx.kernels, saved = stash.value if stash.value is not None else (None, ())
+        ctx.save_for_backward(unary, pairwise, *saved)
+        ctx.save_for_forward(unary, pairwise, *saved)  # for jvp (torch.func.hessian)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        unary, pairwise, lengths, edges, method = args[:5]
+        in_dims, pairwise = _per_step_if_vmapped(unary, pairwise, in_dims)
+        return vmap_by_folding(
+            lambda u, p, n: _ChainMarginals.apply(u, p, n, edges, method, Stash()),
+            info,
+            in_dims[:3],
+            (unary, pairwise, lengths),
+            (True, pairwise.dim() > 2, True),
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, t_unary: Tensor | None, t_pair: Tensor | None, *_: Any) -> Any:
+        # the marginals' directional derivative is the Hessian of log Z times the direction
+        unary, pairwise, *saved = ctx.saved_tensors
+        if t_pair is not None and pairwise.dim() == 2:
+            t_pair = _per_step(t_pair, unary.shape[0], unary.shape[1])
+        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, saved, t_unary, t_pair, False)
+        return (d_unary, d_pair) if ctx.edges_out else d_unary
+
+    @staticmethod
     def backward(
         ctx: Any, g_node: Tensor | None, g_edge: Tensor | None = None
     ) -> tuple[Tensor | None, ...]:
         unary, pairwise, *saved = ctx.saved_tensors
+        nones = (None, None, None, None)
         if g_node is None and g_edge is None:
-            return None, None, None, None, None
+            return None, None, *nones
         shared = pairwise.dim() == 2
-        if torch.is_grad_enabled():
-            d_unary, d_pair = _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
-        elif ctx.kernels is not None:
-            trans, node, last = saved
-            d_unary, d_pair = ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
-        else:
-            fw = _Pass(*saved)
-            assert fw.beta is not None
-            d_unary, d_pair = _hvp(fw, fw.beta, g_node, g_edge, shared)
+        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, saved, g_node, g_edge, shared)
         return (
             d_unary if ctx.needs_input_grad[0] else None,
             d_pair if ctx.needs_input_grad[1] else None,
-            None,
-            None,
-            None,
+            *nones,
         )
+
+
+def _hvp_of(
+    ctx: Any,
+    unary: Tensor,
+    pairwise: Tensor,
+    saved: list[Tensor],
+    g_node: Tensor | None,
+    g_edge: Tensor | None,
+    shared: bool,
+) -> tuple[Tensor, Tensor]:
+    """The Hessian-vector product of :class:`_ChainMarginals` from its saved state."""
+    if torch.is_grad_enabled() and not is_transformed(unary):
+        return _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
+    if ctx.kernels is not None and not is_batched(g_node) and not is_batched(g_edge):
+        trans, node, last = saved
+        return ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
+    if ctx.kernels is not None or not saved:  # a vmapped direction, or no stash: recompute
+        fw = _forward_pass(unary.detach(), pairwise.detach(), ctx.lengths, ctx.method)
+        fw = fw._replace(beta=_beta(fw))
+    else:
+        fw = _Pass(*saved)
+    assert fw.beta is not None
+    return _hvp(fw, fw.beta, g_node, g_edge, shared)
 
 
 @full_precision
@@ -717,9 +822,11 @@ def chain_log_partition(
     value; its gradient is 0). ``method``: ``"scaled"`` (probability space with per-position
     normalisation; exact only for finite transitions of moderate spread), ``"log"`` (log
     space, any potentials) or ``"auto"`` (scaled when exact)."""
+    refuse_jit_trace("A linear-chain CRF")
     kernels = _chain_kernels(unary, pairwise, method) is not None
     unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
-    return _ChainLogPartition.apply(unary, pairwise, lengths, method)
+    pair_grad = pairwise.requires_grad and torch.is_grad_enabled()
+    return _ChainLogPartition.apply(unary, pairwise, lengths, method, pair_grad, Stash())
 
 
 def _zero_padding(
@@ -773,9 +880,10 @@ def chain_marginals(
     forward-backward, 0 at padding and for items with no valid structure. Differentiable to
     any order; the first backward (a loss on the marginals) is a hand-written
     Hessian-vector product, not a double backward. Arguments as :func:`chain_log_partition`."""
+    refuse_jit_trace("A linear-chain CRF (segmentation attention)")
     kernels = _chain_kernels(unary, pairwise, method) is not None
     unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
-    out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method)
+    out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method, Stash())
     if edges:
         return out[0], out[1]
     return out, None

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .._precision import full_precision
 from .._validation import check_potentials
+from ._ops import Stash, is_transformed
 
 __all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
 
@@ -79,7 +80,7 @@ class _MeanFieldUpdates(torch.autograd.Function):
     (``create_graph``), the backward is autograd through :func:`_iterates` (any order)."""
 
     @staticmethod
-    def forward(ctx: Any, unary: Tensor, coupling: Tensor, iterations: int) -> Tensor:
+    def forward(unary: Tensor, coupling: Tensor, iterations: int, stash: Stash) -> Tensor:
         n = unary.shape[-1]
         phi = unary.reshape(-1, n, 1)  # [B', N, 1]
         matrix = coupling.reshape(-1, n, n)  # [B', N, N]
@@ -88,20 +89,66 @@ class _MeanFieldUpdates(torch.autograd.Function):
         for _ in range(iterations):
             spins = torch.sigmoid(torch.baddbmm(phi, matrix, spins))  # phi + J s
             trajectory.append(spins)
-        ctx.iterations = iterations
-        ctx.save_for_backward(unary, coupling, *trajectory)  # k + 1 iterates [B', N, 1]
+        stash.value = trajectory  # k + 1 iterates [B', N, 1]
         return spins.view(unary.shape)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        unary, coupling, iterations, stash = inputs
+        ctx.iterations = iterations
+        ctx.save_for_backward(unary, coupling, *stash.value)
+        ctx.save_for_forward(unary, coupling, *stash.value)
+
+    @staticmethod
+    def jvp(ctx: Any, t_unary: Tensor | None, t_coupling: Tensor | None, *_: Any) -> Tensor:
+        # dot s_t = s_t (1 - s_t) (dot phi + dot J s_{t-1} + J dot s_{t-1}), s_0 = sigmoid(phi)
+        unary, coupling, *trajectory = ctx.saved_tensors
+        n = unary.shape[-1]
+        matrix = coupling.reshape(-1, n, n)  # [B', N, N]
+        d_phi = torch.zeros_like(trajectory[0]) if t_unary is None else t_unary.reshape(-1, n, 1)
+        d_matrix = None if t_coupling is None else t_coupling.reshape(-1, n, n)
+        spins = trajectory[0]
+        tangent = spins * (1 - spins) * d_phi  # [B', N, 1]
+        for t in range(1, ctx.iterations + 1):
+            d_chi = d_phi + torch.bmm(matrix, tangent)
+            if d_matrix is not None:
+                d_chi = d_chi + torch.bmm(d_matrix, trajectory[t - 1])
+            spins = trajectory[t]
+            tangent = spins * (1 - spins) * d_chi
+        return tangent.view(unary.shape)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
+        # any leading dimensions are batch dimensions: the vmapped one goes in front
+        unary, coupling, iterations, _ = args
+        size = info.batch_size
+        unary, coupling = (
+            x.movedim(d, 0) if d is not None else x.expand(size, *x.shape)
+            for x, d in ((unary, in_dims[0]), (coupling, in_dims[1]))
+        )
+        return _MeanFieldUpdates.apply(unary, coupling, iterations, Stash()), 0
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         unary, coupling, *trajectory = ctx.saved_tensors
         wanted = ctx.needs_input_grad[:2]
-        if torch.is_grad_enabled():  # differentiated again: autograd through the updates
-            inputs = [x for x, w in zip((unary, coupling), wanted, strict=True) if w]
-            with torch.enable_grad():
-                spins = _iterates(unary, coupling, ctx.iterations)[-1]
-            grads = iter(torch.autograd.grad(spins, inputs, grad, create_graph=True))
-            return (next(grads) if wanted[0] else None, next(grads) if wanted[1] else None, None)
+        if torch.is_grad_enabled():
+            if not is_transformed(unary):  # differentiated again: autograd through the updates
+                inputs = [x for x, w in zip((unary, coupling), wanted, strict=True) if w]
+                with torch.enable_grad():
+                    spins = _iterates(unary, coupling, ctx.iterations)[-1]
+                grads = iter(torch.autograd.grad(spins, inputs, grad, create_graph=True))
+                return (
+                    next(grads) if wanted[0] else None,
+                    next(grads) if wanted[1] else None,
+                    None,
+                    None,
+                )
+            # under torch.func (which always asks for a differentiable backward, and whose
+            # transforms autograd.grad cannot see): the reverse sweep below on recorded
+            # iterates, out of place, is differentiable again
+            n = unary.shape[-1]
+            trajectory = [s.reshape(-1, n, 1) for s in _iterates(unary, coupling, ctx.iterations)]
         n = unary.shape[-1]
         grad = grad.reshape(-1, n, 1)  # [B', N, 1] dL/ds_k
         transposed = coupling.reshape(-1, n, n).transpose(1, 2).contiguous()  # [B', N, N] J^T
@@ -109,18 +156,17 @@ class _MeanFieldUpdates(torch.autograd.Function):
         grad_coupling: Tensor | None = None
         for t in range(ctx.iterations, 0, -1):
             chi = torch.ops.aten.sigmoid_backward(grad, trajectory[t])  # [B', N, 1] dL/dchi_t
-            grad_unary = chi if grad_unary is None else grad_unary.add_(chi)
+            grad_unary = chi if grad_unary is None else grad_unary + chi
             if wanted[1]:  # sum_t c_t s_{t-1}^T
-                outer = (chi, trajectory[t - 1].transpose(1, 2))  # [B', N, 1], [B', 1, N]
-                grad_coupling = (
-                    torch.mul(*outer) if grad_coupling is None else grad_coupling.addcmul_(*outer)
-                )
+                outer = chi * trajectory[t - 1].transpose(1, 2)  # [B', N, 1] x [B', 1, N]
+                grad_coupling = outer if grad_coupling is None else grad_coupling + outer
             grad = torch.bmm(transposed, chi)  # [B', N, 1]  J^T c = dL/ds_{t-1}
         first = torch.ops.aten.sigmoid_backward(grad, trajectory[0])  # through sigmoid(phi)
-        grad_unary = first if grad_unary is None else grad_unary.add_(first)
+        grad_unary = first if grad_unary is None else grad_unary + first
         return (
             grad_unary.view(unary.shape) if wanted[0] else None,
             None if grad_coupling is None else grad_coupling.view(coupling.shape),
+            None,
             None,
         )
 
@@ -136,7 +182,7 @@ def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tens
     k <= 1 is recorded op by op, cheaper than the node's fixed cost."""
     if iterations <= 1:
         return _iterates(unary, coupling, iterations)[-1]
-    return _MeanFieldUpdates.apply(unary, coupling, iterations)
+    return _MeanFieldUpdates.apply(unary, coupling, iterations, Stash())
 
 
 @full_precision

@@ -75,7 +75,8 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import length_mask
 from ..semirings import logsumexp
-from ._extension import kernels as compiled_kernels
+from ._extension import kernels as host_kernels
+from ._ops import is_transformed, reads_host, refuse_export, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
     "chu_liu_edmonds",
@@ -85,6 +86,12 @@ __all__ = [
 ]
 
 _NEG_INF = float("-inf")
+
+
+def compiled_kernels(x: Tensor) -> Any:
+    """The C++ kernels for ``x`` (see :mod:`._extension`), never for tensors they cannot
+    take (``torch.func`` wrappers, meta or fake tensors)."""
+    return None if is_transformed(x) else host_kernels(x)
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -122,9 +129,10 @@ def _spanning_word(arc_scores: Tensor, real: Tensor) -> Tensor:
 def _swap(arc_scores: Tensor, i: Tensor, j: Tensor) -> Tensor:
     """Relabel positions i[b] <-> j[b] in both axes of ``arc_scores`` [B, N, N]."""
     batch, size, _ = arc_scores.shape
-    perm = torch.arange(size, device=arc_scores.device).expand(batch, size).clone()  # [B, N]
-    perm.scatter_(1, i.unsqueeze(-1), j.unsqueeze(-1))
-    perm.scatter_(1, j.unsqueeze(-1), i.unsqueeze(-1))
+    perm = torch.arange(size, device=arc_scores.device).expand(batch, size)  # [B, N]
+    # out of place: under vmap i and j may be batched where perm is not
+    perm = perm.scatter(1, i.unsqueeze(-1), j.unsqueeze(-1))
+    perm = perm.scatter(1, j.unsqueeze(-1), i.unsqueeze(-1))
     rows = arc_scores.gather(1, perm.unsqueeze(-1).expand(batch, size, size))
     return rows.gather(2, perm.unsqueeze(1).expand(batch, size, size))
 
@@ -210,11 +218,15 @@ class _KnownInverse(torch.autograd.Function):
     """``matrix -> inverse`` where the inverse is already known (from the LU of the forward
     pass); backward :math:`-Y^T G Y^T` in differentiable ops, so any order works."""
 
+    generate_vmap_rule = True  # forward and backward are plain tensor operations
+
     @staticmethod
-    def forward(ctx: Any, matrix: Tensor, inverse: Tensor) -> Tensor:
-        out = inverse.view_as(inverse)
-        ctx.save_for_backward(out)
-        return out
+    def forward(matrix: Tensor, inverse: Tensor) -> Tensor:
+        return inverse.view_as(inverse)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -279,7 +291,6 @@ class _TreeMarginals(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
         scores: Tensor,
         weights: Tensor,
         inverse: Tensor,
@@ -288,17 +299,36 @@ class _TreeMarginals(torch.autograd.Function):
         precise: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
-        out = _marginals(scores, weights, inverse, multiroot)
-        ctx.save_for_backward(scores, weights, inverse, real, keep, precise, out)
-        ctx.multiroot = multiroot
-        return out
+        return _marginals(scores, weights, inverse, multiroot)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs[:6], output)
+        ctx.save_for_forward(*inputs[:6], output)
+        ctx.multiroot = inputs[6]
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        return vmap_by_folding(
+            lambda *a: _TreeMarginals.apply(*a, args[-1]),
+            info,
+            in_dims[:-1],
+            args[:-1],
+            (True,) * 6,
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, t_scores: Tensor, *_: Any) -> Tensor:
+        # the Jacobian of the marginals is the (symmetric) Hessian of log Z: jvp = vjp
+        return _TreeMarginals.backward(ctx, t_scores)[0]  # type: ignore[return-value]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         scores, weights, inverse, real, keep, precise, marginals = ctx.saved_tensors
         multiroot = ctx.multiroot
         none = (None, None, None, None, None, None)
-        if torch.is_grad_enabled():  # differentiated again: rebuild from the scores
+        if torch.is_grad_enabled() or is_transformed(grad):
+            # differentiated again (or under torch.func): rebuild from the scores
             live, inverse = _live_weights_and_inverse(scores, inverse, real, keep, multiroot)
             lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
             adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
@@ -311,6 +341,9 @@ class _TreeMarginals(torch.autograd.Function):
             out = kernels.matrix_tree_marginals_backward(
                 grad, weights, inverse, marginals, multiroot, precise
             )
+            return out, *none
+        if precise is not None and not reads_host(precise):  # every item in float64
+            out = _marginals_backward(grad, weights, inverse, marginals, multiroot, torch.float64)
             return out, *none
         out = _marginals_backward(grad, weights, inverse, marginals, multiroot)
         if precise is not None:
@@ -395,7 +428,10 @@ def _lu_path(
             scores, real, multiroot, max_cond, need_logz
         )
         precise = keep & (cond > _PRECISE_COND)
-        all_kept, any_precise = torch.stack([keep.all(), precise.any()]).tolist()
+        if reads_host(keep):
+            all_kept, any_precise = torch.stack([keep.all(), precise.any()]).tolist()
+        else:  # no host read: as if some item were not kept and some were precise
+            all_kept, any_precise = False, True
     precise = precise if any_precise and weights.dtype != torch.float64 else None
     if all_kept:
         return None if logz is None else logz.to(scores.dtype), weights, inverse, None, precise
@@ -415,7 +451,6 @@ class _LogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
         scores: Tensor,
         logz: Tensor,
         weights: Tensor,
@@ -425,15 +460,39 @@ class _LogPartition(torch.autograd.Function):
         precise: Tensor | None,
         multiroot: bool,
     ) -> Tensor:
-        ctx.save_for_backward(scores, weights, inverse, real, keep, precise)
-        ctx.multiroot = multiroot
         return logz.clone()  # not a view: callers may modify it in place
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        scores, _, *rest, multiroot = inputs
+        ctx.save_for_backward(scores, *rest)
+        ctx.save_for_forward(scores, *rest)
+        ctx.multiroot = multiroot
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        return vmap_by_folding(
+            lambda *a: _LogPartition.apply(*a, args[-1]),
+            info,
+            in_dims[:-1],
+            args[:-1],
+            (True,) * 7,
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, t_scores: Tensor, *_: Any) -> Tensor:
+        scores, weights, inverse, real, keep, precise = ctx.saved_tensors
+        marginals = _TreeMarginals.apply(
+            scores, weights, inverse, real, keep, precise, ctx.multiroot
+        )
+        return (marginals * t_scores).flatten(1).sum(-1)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         scores, weights, inverse, real, keep, precise = ctx.saved_tensors
         none = (None, None, None, None, None, None, None)
-        if torch.is_grad_enabled():  # create_graph: the marginals are differentiated again
+        if torch.is_grad_enabled() or is_transformed(grad):
+            # create_graph (or torch.func): the marginals are differentiated again
             marginals = _TreeMarginals.apply(
                 scores, weights, inverse, real, keep, precise, ctx.multiroot
             )
@@ -487,7 +546,11 @@ def _eliminate(scores: Tensor, real: Tensor, multiroot: bool) -> Tensor:
 
 def _fallback_items(keep: Tensor, lengths: Tensor | None, size: int) -> tuple[Tensor, Tensor]:
     """(index [K] of the items the LU path did not keep, their real positions [K, N]): the
-    items for the exact elimination."""
+    items for the exact elimination; every item where the host cannot be read (K = B, see
+    :func:`._ops.reads_host`; the caller then picks by ``keep``)."""
+    if not reads_host(keep):
+        index = torch.arange(keep.shape[0], device=keep.device)
+        return index, length_mask(lengths, keep.shape[0], size, keep.device)
     index = (~keep).nonzero().squeeze(1)
     sub = length_mask(None if lengths is None else lengths[index], len(index), size, keep.device)
     return index, sub
@@ -510,6 +573,8 @@ def matrix_tree_log_partition(
     score ranges, ``-inf`` arcs that disconnect words) are recomputed together by the exact
     log-space elimination (:func:`_eliminate`, N sequential steps).
     """
+    refuse_jit_trace("A non-projective dependency CRF")
+    refuse_export("A non-projective dependency CRF")
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -525,6 +590,8 @@ def matrix_tree_log_partition(
     if keep is not None:
         index, sub = _fallback_items(keep, lengths, size)
         exact = _eliminate(arc_scores.index_select(0, index), sub, multiroot)
+        if index.shape[0] == keep.shape[0] and not reads_host(keep):  # every item eliminated
+            return torch.where(keep, logz, exact)
         logz = logz.index_copy(0, index, exact)
     return logz
 
@@ -543,6 +610,8 @@ def matrix_tree_marginals(
     Directly from the LU path (:func:`_lu_path`, closed form from the inverse, no autograd
     round trip through log Z); the items it cannot trust are recomputed as the gradient of
     the exact log-space elimination."""
+    refuse_jit_trace("Non-projective tree attention")
+    refuse_export("Non-projective tree attention")
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -558,6 +627,12 @@ def matrix_tree_marginals(
     if keep is None:
         return marginals
     index, sub = _fallback_items(keep, lengths, size)
+    if bool(torch._C._functorch.is_functorch_wrapped_tensor(scores)):
+        # under torch.func: a transform that composes with the others
+        exact = torch.func.grad(lambda p: _eliminate(p, sub, multiroot).sum())(
+            scores.index_select(0, index)
+        )
+        return torch.where(keep[:, None, None], marginals, exact)
     with torch.inference_mode(False), torch.enable_grad():
         picked = scores.index_select(0, index)
         if not differentiable:  # a fresh leaf (a clone first for inference-mode tensors)
@@ -566,6 +641,8 @@ def matrix_tree_marginals(
         (exact,) = torch.autograd.grad(
             logz.sum(), picked, create_graph=differentiable, materialize_grads=True
         )
+    if index.shape[0] == keep.shape[0] and not reads_host(keep):  # every item eliminated
+        return torch.where(keep[:, None, None], marginals, exact)
     return marginals.index_copy(0, index, exact)
 
 

@@ -21,7 +21,6 @@ end at t, [B, K, C], taken from one end-indexed gather of ``segment_scores``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._ops import tensor_cache
 
 __all__ = [
     "segment_mask",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _end_index(size: int, width: int, device: torch.device) -> Tensor:
     """Flat [N * K] positions, in ``segment_scores`` [N, K] padded with K - 1 leading rows,
     of the segment that ends at t with length k + 1 (start t - k + K - 1 in the padded rows)."""
