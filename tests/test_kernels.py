@@ -970,3 +970,23 @@ def test_dispatch_by_measurement_follows_the_loaded_target(monkeypatch: pytest.M
     monkeypatch.undo()
     assert set(dependency._FUSED_SIZES) <= set(_extension.KERNEL_TARGETS.values())
     assert all(0 <= v <= dependency._FUSED_SIZE for v in dependency._FUSED_SIZES.values())
+
+
+def test_the_build_lock_looks_where_torch_builds(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stale-lock check looks in the folder torch builds in: without
+    TORCH_EXTENSIONS_DIR, torch's default root plus a py<version>_<accelerator> folder (the
+    lock looked in the default root itself and missed a stale lock, #37.3.1)."""
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = "structattn_kernels_0123456789abcdef"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    root = _extension._build_root(name, lambda: "unused")
+    assert root == Path(_get_build_directory(name, False)).parent
+    with __import__("contextlib").suppress(OSError):  # the empty folder torch made
+        (root / name).rmdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert _extension._build_root(name, lambda: "unused") == Path(tmp_path)

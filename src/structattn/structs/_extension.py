@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -213,6 +213,20 @@ def _build_lock(root: Path, name: str) -> Iterator[None]:
         yield
 
 
+def _build_root(name: str, default_root: Callable[[], str]) -> Path:
+    """The folder that holds torch's build directory of ``name`` (where :func:`_build_lock`
+    must look for its stale ``lock``): without ``TORCH_EXTENSIONS_DIR`` torch builds in a
+    subfolder of its default root named by the Python version and accelerator
+    (``py311_cpu``), which the lock missed, so a stale lock there still blocked every later
+    build (#37.3.1; seen again in #42's builds)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return Path(_get_build_directory(name, False)).parent
+    except (ImportError, OSError):  # a torch without it: its documented root
+        return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or default_root())
+
+
 def _build(mode: str) -> ModuleType | None:
     if mode == "off":
         return None
@@ -234,7 +248,7 @@ def _build(mode: str) -> ModuleType | None:
                     "change it) ..."
                 )
 
-        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+        root = _build_root(name, get_default_build_root)
         start = time.perf_counter()
         timer = threading.Timer(_NOTICE_DELAY, notice)
         timer.daemon = True
