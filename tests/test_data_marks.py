@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ("test_data_treebank.py", "test_data_lm.py", "test_data_classification.py")
 DATA_TESTS = {
     "test_data_treebank.py::test_the_shared_sample_counts": "nltk_treebank_sample",
+    "test_data_treebank.py::test_wsj10_conventions_on_the_sample": "nltk_treebank_sample",
     "test_data_lm.py::test_real_corpora[ptb": "ptb",
     "test_data_lm.py::test_real_corpora[wikitext-2": "wikitext-2",
     "test_data_classification.py::test_real_sick": "sick",

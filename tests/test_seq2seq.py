@@ -475,7 +475,7 @@ def test_structured_seq2seq_keeps_its_checkpoint_format() -> None:
     other = StructuredSeq2Seq(30, 8, "structured", 4)
     other.load_state_dict({k: v.clone() for k, v in state.items()})  # strict
     assert model.encoder is None and model.config.self_attention == "structured"
-    assert set(ENCODERS) == {"none", "simple", "structured"}
+    assert set(ENCODERS) == {"none", "simple", "structured", "constituency"}
     with pytest.raises(ValueError, match="`encoder` must be one of"):
         StructuredSeq2Seq(30, encoder="tree")
 

@@ -30,7 +30,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
-from ._ops import tensor_cache
+from ._ops import is_transformed, tensor_cache
 
 __all__ = [
     "cky_inside",
@@ -383,7 +383,11 @@ class _CKYMarginals(torch.autograd.Function):
 def cky_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
     """log Z over binary bracketings, [B], like ``cky_inside(..., LogSemiring)`` but with a
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
-    the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`."""
+    the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`. Under
+    ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ...) it is ``cky_inside``
+    itself, differentiated by the transforms."""
+    if is_transformed(span_scores):
+        return cky_inside(span_scores, lengths, LogSemiring)
     return _CKYLogPartition.apply(span_scores, lengths, [])
 
 
@@ -394,7 +398,16 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
     backward the hand-written Hessian-vector product (:func:`_cky_hvp`; what structured
     attention trains through). Time O(B N^3) in N sequential widths per pass (one batched
     gather and reduction each), memory O(B N^2) plus O(N^3) cached indices. An item with no
-    tree has zero marginals. ``span_scores`` as for :func:`cky_inside`."""
+    tree has zero marginals. ``span_scores`` as for :func:`cky_inside`. Under ``torch.func``
+    transforms the marginals are ``torch.func.grad`` of ``cky_inside``'s log Z."""
+    if is_transformed(span_scores):
+
+        def total(scores: Tensor) -> tuple[Tensor, Tensor]:
+            logz = cky_inside(scores, lengths, LogSemiring)
+            return logz.sum(), logz
+
+        marginals, logz = torch.func.grad(total, has_aux=True)(span_scores)
+        return logz.detach(), marginals
     with torch.no_grad():
         charts = _cky_charts(span_scores.detach(), lengths)
     seed = span_scores.new_ones(span_scores.shape[0])

@@ -29,7 +29,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
-from ._ops import tensor_cache
+from ._ops import is_transformed, tensor_cache
 
 __all__ = [
     "segment_mask",
@@ -218,10 +218,13 @@ class _SemiMarkovLogPartition(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         segment_scores, transitions = ctx.saved_tensors
         if torch.is_grad_enabled():  # differentiated again: autograd through the inside pass
+            parts = (segment_scores, transitions)
+            targets = [t for t in parts if t.requires_grad]  # a constant has no gradient
+            if not targets:
+                return None, None, None, None
             logz = semi_markov_inside(segment_scores, transitions, ctx.lengths, LogSemiring)
-            g_seg, g_trans = torch.autograd.grad(
-                logz, (segment_scores, transitions), grad, create_graph=True
-            )
+            grads = iter(torch.autograd.grad(logz, targets, grad, create_graph=True))
+            g_seg, g_trans = (next(grads) if t.requires_grad else None for t in parts)
             return g_seg, g_trans, None, None
         batch, size = segment_scores.shape[:2]
         last = last_index(ctx.lengths, batch, size, segment_scores.device)
@@ -238,5 +241,8 @@ def semi_markov_log_partition(
 ) -> Tensor:
     """log Z over labelled segmentations, [B], like ``semi_markov_inside(..., LogSemiring)``
     but with the marginals written by hand as its backward (first order; the backward of
-    that is autograd through :func:`semi_markov_inside`). ``transitions`` [B, C, C]."""
+    that is autograd through :func:`semi_markov_inside`). ``transitions`` [B, C, C]. Under
+    ``torch.func`` transforms it is ``semi_markov_inside`` itself, differentiated by them."""
+    if is_transformed(segment_scores) or is_transformed(transitions):
+        return semi_markov_inside(segment_scores, transitions, lengths, LogSemiring)
     return _SemiMarkovLogPartition.apply(segment_scores, transitions, lengths, [])
