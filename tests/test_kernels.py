@@ -990,3 +990,24 @@ def test_the_build_lock_looks_where_torch_builds(
         (root / name).rmdir()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert _extension._build_root(name, lambda: "unused") == Path(tmp_path)
+
+
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("normalizer", ["projective", "non-projective", "segmentation"])
+def test_a_nan_query_gives_nan_for_its_item_on_both_paths(normalizer: str) -> None:
+    """#37.10 in a layer: a NaN in one item's query makes that item's context NaN, with the
+    kernels as with the PyTorch code (the kernels gave a context of exactly 0 and a finite
+    loss), and every other item is the same on both paths."""
+    from structattn.attention import StructuredMultiheadAttention
+
+    torch.manual_seed(0)
+    layer = StructuredMultiheadAttention(8, 2, normalizer=normalizer, batch_first=True)
+    query = torch.randn(3, 5, 8, dtype=torch.float32)
+    query[1, 2, 0] = float("nan")
+    layer = layer.double()
+    query = query.double()
+    with_kernels, _ = layer(query, query, query)
+    with kernels_disabled():
+        without, _ = layer(query, query, query)
+    assert _nan_items(with_kernels) == _nan_items(without) == [False, True, False]
+    torch.testing.assert_close(with_kernels[[0, 2]], without[[0, 2]])
