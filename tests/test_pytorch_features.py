@@ -286,7 +286,9 @@ def test_jit_trace_and_onnx_refuse_instead_of_a_wrong_model(normalizer: str) -> 
         torch.jit.script(model)
 
 
-@pytest.mark.parametrize("normalizer", ["projective", "segmentation", "mean-field"])
+@pytest.mark.parametrize(
+    "normalizer", ["projective", "non-projective", "segmentation", "mean-field"]
+)
 def test_torch_export_gives_the_eager_result_on_new_inputs(normalizer: str) -> None:
     """Exported with one padding mask, run with another: the eager result (the mask is an
     input of the graph, not a constant)."""
@@ -295,11 +297,6 @@ def test_torch_export_gives_the_eager_result_on_new_inputs(normalizer: str) -> N
     for lengths, seed in (([4, 2], 1), ([5, 5], 2), ([2, 4], 3)):
         x, padding = _inputs(lengths, seed)
         torch.testing.assert_close(program.module()(x, padding), model(x, padding))
-
-
-def test_torch_export_refuses_non_projective_heads() -> None:
-    with pytest.raises(RuntimeError, match="cannot be exported by torch.export"):
-        torch.export.export(_SelfAttention("non-projective").eval(), _inputs([5, 3], 0))
 
 
 # ---- deterministic algorithms, activation checkpointing (README table) ---------------------
@@ -333,3 +330,125 @@ def test_activation_checkpointing(normalizer: str) -> None:
         assert leaf.grad is not None
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+# ---- torch.compile(fullgraph=True) and the custom operators (#38.4) -------------------------
+#: name -> a distribution of float64 potentials with validation off (what compiles whole)
+_COMPILED: dict[str, tuple[Make, tuple[int, ...]]] = {
+    name: CASES[name] for name in ("chain-shared", "chain-per-step", "projective", "non-projective")
+}
+_HEADS = ["projective", "non-projective", "segmentation", "mean-field"]
+
+
+def _distribution_loss(name: str) -> Callable[[Tensor], Tensor]:
+    make = _COMPILED[name][0]
+
+    def loss(x: Tensor) -> Tensor:
+        dist = make(x, False)
+        return dist.log_partition.sum() + (dist.marginals**2).sum()
+
+    return loss
+
+
+def _layer_loss(normalizer: str) -> tuple[_SelfAttention, Callable[[Tensor, Tensor], Tensor]]:
+    model = _SelfAttention(normalizer)
+    return model, lambda x, padding: model(x, padding).square().sum()
+
+
+def _graph_breaks(fn: Callable[..., Tensor], *args: Tensor) -> list[str]:
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(*args)
+    assert explained.graph_count == 1
+    return [str(reason.reason) for reason in explained.break_reasons]
+
+
+@pytest.mark.parametrize("name", sorted(_COMPILED))
+def test_compile_fullgraph_distributions_equal_eager(name: str) -> None:
+    """log Z and marginals (forward and backward, a loss on the marginals included) of a
+    distribution trace as one graph, with the eager values and gradients."""
+    loss = _distribution_loss(name)
+    x = _potentials(_COMPILED[name][1])
+    assert _graph_breaks(loss, x.clone().requires_grad_(True)) == []
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    values = []
+    for fn in (loss, compiled):
+        leaf = x.clone().requires_grad_(True)
+        value = fn(leaf)
+        value.backward()
+        values.append((value.detach(), leaf.grad))
+    torch.testing.assert_close(values[1], values[0])
+
+
+@pytest.mark.parametrize("normalizer", _HEADS)
+def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
+    model, loss = _layer_loss(normalizer)
+    x, padding = _inputs([5, 3], 0)
+    assert _graph_breaks(loss, x, padding) == []
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for fn in (loss, compiled):
+        model.zero_grad()
+        leaf = x.clone().requires_grad_(True)
+        value = fn(leaf, padding)
+        value.backward()
+        grads.append([value.detach(), leaf.grad, *(p.grad for p in model.parameters())])
+    torch.testing.assert_close(grads[1], grads[0])
+    # new padding: the mask is an input of the graph
+    x, padding = _inputs([2, 4], 1)
+    torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+
+
+def test_compile_inductor_layer() -> None:
+    """One compile by inductor (the default backend): a projective head, forward and
+    backward, equal to eager."""
+    model, loss = _layer_loss("projective")
+    x, padding = _inputs([5, 3], 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    grads = []
+    for fn in (loss, compiled):
+        model.zero_grad()
+        leaf = x.clone().requires_grad_(True)
+        value = fn(leaf, padding)
+        value.backward()
+        grads.append([value.detach(), leaf.grad, *(p.grad for p in model.parameters())])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+_TREE_OPS = ("eisner", "matrix_tree")
+
+
+@pytest.mark.parametrize("name", _TREE_OPS)
+def test_custom_ops_opcheck_and_derivatives(name: str) -> None:
+    """``torch.library.opcheck`` (schema, fake implementation, registered autograd) of the
+    tree operators; gradcheck of log Z and the marginals, gradgradcheck of log Z (the
+    marginals operator's backward is the Hessian-vector product)."""
+    ops = torch.ops.structattn
+    logz, marginals = getattr(ops, f"{name}_log_partition"), getattr(ops, f"{name}_marginals")
+    x = _potentials((2, 4, 4))
+    x[:, :, 0] = float("-inf")
+    x.diagonal(dim1=1, dim2=2).fill_(float("-inf"))
+    lengths = torch.tensor([4, 3])
+    for op in (logz, marginals):
+        torch.library.opcheck(op, (x.clone().requires_grad_(True), lengths, True))
+    leaf = x.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a: logz(a, lengths, True), leaf)
+    assert torch.autograd.gradcheck(lambda a: marginals(a, lengths, True), leaf)
+    assert torch.autograd.gradgradcheck(lambda a: logz(a, lengths, True), leaf)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_custom_chain_ops(shared: bool) -> None:
+    ops = torch.ops.structattn
+    unary = _potentials((2, 4, 3))
+    pairwise = _potentials((3, 3) if shared else (2, 3, 3, 3), 1)
+    lengths = torch.tensor([4, 2])
+    leaves = (unary.clone().requires_grad_(True), pairwise.clone().requires_grad_(True))
+    torch.library.opcheck(ops.chain_log_partition, (*leaves, lengths, "auto"))
+    torch.library.opcheck(ops.chain_marginals, (*leaves, lengths, True, "auto"))
+    assert torch.autograd.gradcheck(
+        lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
+    )
+    assert torch.autograd.gradcheck(
+        lambda u, p: ops.chain_marginals(u, p, lengths, True, "auto"), leaves
+    )

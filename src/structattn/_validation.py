@@ -23,9 +23,9 @@ def is_transformed(x: object) -> bool:
     ``torch.compile``/``torch.export`` trace (a fake tensor)."""
     if not isinstance(x, Tensor):
         return False
-    if x.is_meta or bool(torch._C._functorch.is_functorch_wrapped_tensor(x)):
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace the functorch query
         return True
-    if torch.compiler.is_compiling():
+    if x.is_meta or bool(torch._C._functorch.is_functorch_wrapped_tensor(x)):
         return True
     return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
 

@@ -27,8 +27,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
-from functools import cached_property
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 import torch
 from torch import Tensor
@@ -36,9 +35,39 @@ from torch import Tensor
 from .._validation import is_transformed
 from ..semirings import LogSemiring, MaxSemiring, SampleSemiring, Semiring
 
-__all__ = ["StructuredDistribution"]
+__all__ = ["StructuredDistribution", "cached_property"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+
+class cached_property(Generic[_T]):  # noqa: N801 (named as functools' one it replaces)
+    """``functools.cached_property`` without its lock: computed on first access and kept in
+    the instance's ``__dict__``. Python 3.11's takes an ``RLock``, a context manager that
+    ``torch.compile`` cannot trace (a graph break at every lazy property, which
+    ``fullgraph=True`` refuses); a distribution is not shared between threads while it
+    computes (3.12 dropped the lock for the same reason)."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> cached_property[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        cache = instance.__dict__
+        if self.name in cache:
+            return cache[self.name]
+        value = cache[self.name] = self.fn(instance)
+        return value
 
 
 def _fresh_leaf(t: Tensor) -> Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
@@ -18,7 +16,7 @@ from ..structs.constituency import (
     span_mask,
 )
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
-from .base import StructuredDistribution
+from .base import StructuredDistribution, cached_property
 
 __all__ = ["TreeCRF"]
 

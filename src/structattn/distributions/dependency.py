@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -21,12 +20,13 @@ from ..structs.dependency import (
     eisner_argmax,
     eisner_inside,
     eisner_log_partition,
+    eisner_marginals,
     eisner_max,
     tree_score,
 )
 from ..structs.kbest_trees import eisner_kbest, label_kbest
 from ..trees import crossing_free, is_projective, is_tree, projectivize
-from .base import StructuredDistribution
+from .base import StructuredDistribution, cached_property
 
 # is_projective and projectivize live in structattn.trees (no dynamic program); re-exported here
 __all__ = ["DependencyCRF", "LabelledHeads", "TreeCRFBase", "is_projective", "projectivize"]
@@ -390,6 +390,12 @@ class DependencyCRF(TreeCRFBase):
 
     def _valid(self, heads: Tensor) -> Tensor:
         return super()._valid(heads) & crossing_free(heads, self._lengths_full)
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        if torch.compiler.is_compiling():  # one operator (no autograd.grad in a graph)
+            return (eisner_marginals(*self._parts(*self._raw), self.lengths, self.multiroot),)
+        return super()._marginals_tuple
 
     @cached_property
     def argmax(self) -> Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
@@ -17,7 +15,7 @@ from ..structs.linear_chain import (
     chain_marginals,
     chain_score,
 )
-from .base import StructuredDistribution
+from .base import StructuredDistribution, cached_property
 
 __all__ = ["LinearChainCRF"]
 

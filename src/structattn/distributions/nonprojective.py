@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
@@ -15,6 +13,7 @@ from ..structs.nonprojective import (
     matrix_tree_marginals,
     matrix_tree_sample,
 )
+from .base import cached_property
 from .dependency import TreeCRFBase
 
 __all__ = ["NonProjectiveDependencyCRF"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
@@ -13,7 +11,7 @@ from ..semirings import MaxSemiring, Semiring
 from ..structs.constituency import span_mask, spans_to_chart
 from ..structs.split_tree import split_inside
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
-from .base import StructuredDistribution
+from .base import StructuredDistribution, cached_property
 
 __all__ = ["SplitTreeDistribution"]
 

@@ -33,7 +33,6 @@ __all__ = [
     "Stash",
     "is_batched",
     "is_transformed",
-    "refuse_export",
     "refuse_jit_trace",
     "reads_host",
     "sync_free",
@@ -137,14 +136,5 @@ def refuse_jit_trace(what: str) -> None:
             "torch.onnx.export(dynamo=False): the trace would keep the lengths and masks of "
             "the example inputs as constants and be wrong on new inputs. Use "
             "torch.export.export (chains, projective trees: README, 'PyTorch features') or "
-            "keep the module in Python."
-        )
-
-
-def refuse_export(what: str) -> None:
-    """RuntimeError under ``torch.export`` for what it cannot trace correctly yet."""
-    if torch.compiler.is_exporting():
-        raise RuntimeError(
-            f"{what} cannot be exported by torch.export yet (README, 'PyTorch features'); "
             "keep the module in Python."
         )

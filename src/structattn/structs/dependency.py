@@ -32,6 +32,7 @@ from ..semirings import LogSemiring, Semiring
 from ..trees import is_projective, is_tree  # re-exported: their old import path
 from ._extension import kernels as host_kernels
 from ._extension import loaded_target
+from ._library import tracing, tree_ops
 from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
 
 __all__ = [
@@ -751,6 +752,8 @@ def eisner_log_partition(arc_scores: Tensor, lengths: Tensor | None, multiroot: 
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that; ``arc_scores`` must already have ``-inf`` in column 0."""
     refuse_jit_trace("A projective dependency CRF")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.eisner_log_partition(arc_scores, lengths, multiroot)
     wants_grad = arc_scores.requires_grad and torch.is_grad_enabled()
     return _EisnerLogPartition.apply(arc_scores, lengths, multiroot, wants_grad, Stash())
 
@@ -764,6 +767,8 @@ def eisner_marginals(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool
     already have ``-inf`` in column 0 and on the diagonal; entries beyond ``lengths`` are
     ignored. An item with no tree has zero marginals."""
     refuse_jit_trace("Projective tree attention")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.eisner_marginals(arc_scores, lengths, multiroot)
     if is_transformed(arc_scores):  # the charts inside the Function (its vmap rule folds)
         charts, kernels = None, None
     else:
@@ -777,3 +782,7 @@ def tree_score(arc_scores: Tensor, heads: Tensor, mask: Tensor) -> Tensor:
     safe = heads.masked_fill(~mask, 0).clamp(0, arc_scores.shape[-1] - 1)
     scores = arc_scores.gather(1, safe.unsqueeze(1)).squeeze(1)  # [B, N]: arc heads[m] -> m
     return scores.masked_fill(~mask, 0.0).sum(-1)
+
+
+# the custom operators torch.compile and torch.export trace (._library)
+tree_ops("eisner", eisner_log_partition, lambda a, n, r, _: eisner_marginals(a, n, r))

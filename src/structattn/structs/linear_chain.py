@@ -19,6 +19,7 @@ from .._precision import full_precision
 from .._validation import last_index, length_mask
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
+from ._library import chain_ops, tracing
 from ._ops import Stash, is_batched, is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
@@ -823,6 +824,8 @@ def chain_log_partition(
     normalisation; exact only for finite transitions of moderate spread), ``"log"`` (log
     space, any potentials) or ``"auto"`` (scaled when exact)."""
     refuse_jit_trace("A linear-chain CRF")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.chain_log_partition(unary, pairwise, lengths, method)
     kernels = _chain_kernels(unary, pairwise, method) is not None
     unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
     pair_grad = pairwise.requires_grad and torch.is_grad_enabled()
@@ -881,9 +884,16 @@ def chain_marginals(
     any order; the first backward (a loss on the marginals) is a hand-written
     Hessian-vector product, not a double backward. Arguments as :func:`chain_log_partition`."""
     refuse_jit_trace("A linear-chain CRF (segmentation attention)")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        node, edge = torch.ops.structattn.chain_marginals(unary, pairwise, lengths, edges, method)
+        return node, (edge if edges else None)
     kernels = _chain_kernels(unary, pairwise, method) is not None
     unary, pairwise = _zero_padding(unary, pairwise, lengths, kernels)
     out = _ChainMarginals.apply(unary, pairwise, lengths, edges, method, Stash())
     if edges:
         return out[0], out[1]
     return out, None
+
+
+# the custom operators torch.compile and torch.export trace (._library)
+chain_ops(chain_log_partition, chain_marginals)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .._precision import full_precision
 from .._validation import check_potentials
+from ._library import tracing
 from ._ops import Stash, is_transformed
 
 __all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
@@ -180,7 +181,7 @@ def mean_field_updates(unary: Tensor, coupling: Tensor, iterations: int) -> Tens
     autograd node with a hand-written backward (faster than the recorded ops: timed in
     benchmarks/README.md, "Mean-field attention vs softmax attention in a training step");
     k <= 1 is recorded op by op, cheaper than the node's fixed cost."""
-    if iterations <= 1:
+    if iterations <= 1 or tracing():  # torch.compile, torch.export: the recorded ops
         return _iterates(unary, coupling, iterations)[-1]
     return _MeanFieldUpdates.apply(unary, coupling, iterations, Stash())
 

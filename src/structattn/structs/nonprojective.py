@@ -76,7 +76,8 @@ from .._precision import full_precision
 from .._validation import length_mask
 from ..semirings import logsumexp
 from ._extension import kernels as host_kernels
-from ._ops import is_transformed, reads_host, refuse_export, refuse_jit_trace, vmap_by_folding
+from ._library import tracing, tree_ops
+from ._ops import is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
     "chu_liu_edmonds",
@@ -574,7 +575,8 @@ def matrix_tree_log_partition(
     log-space elimination (:func:`_eliminate`, N sequential steps).
     """
     refuse_jit_trace("A non-projective dependency CRF")
-    refuse_export("A non-projective dependency CRF")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.matrix_tree_log_partition(arc_scores, lengths, multiroot)
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -611,7 +613,8 @@ def matrix_tree_marginals(
     round trip through log Z); the items it cannot trust are recomputed as the gradient of
     the exact log-space elimination."""
     refuse_jit_trace("Non-projective tree attention")
-    refuse_export("Non-projective tree attention")
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.matrix_tree_marginals(arc_scores, lengths, multiroot)
     batch, size, _ = arc_scores.shape
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
@@ -969,3 +972,7 @@ def _sample_by_conditioning(
         scores = torch.where(active.view(-1, 1, 1), fixed, scores)
         heads[:, m] = torch.where(active, choice, -1)
     return heads
+
+
+# the custom operators torch.compile and torch.export trace (._library)
+tree_ops("matrix_tree", matrix_tree_log_partition, matrix_tree_marginals)
