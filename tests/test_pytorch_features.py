@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 from torch.func import grad, hessian, jacrev, vmap
 
-from structattn.attention import StructuredMultiheadAttention
+from structattn.attention import (
+    MeanFieldAttention,
+    SegmentationAttention,
+    SemiMarkovSegmentationAttention,
+    SpanAttention,
+    SpanSelfAttention,
+    StructuredMultiheadAttention,
+)
 from structattn.distributions import (
     DependencyCRF,
     LinearChainCRF,
@@ -452,3 +459,55 @@ def test_custom_chain_ops(shared: bool) -> None:
     assert torch.autograd.gradcheck(
         lambda u, p: ops.chain_marginals(u, p, lengths, True, "auto"), leaves
     )
+
+
+# ---- the layers' validate_args switch (#38.5) -----------------------------------------------
+def _layers(validate: bool) -> dict[str, Callable[[Tensor, Tensor], Tensor]]:
+    """name -> (x [B, N, 8], mask [B, N] True = real) -> a loss of the layer's output."""
+    torch.manual_seed(0)
+    layers: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
+    for normalizer in (*_HEADS, "constituency", "semi-markov"):
+        mha = StructuredMultiheadAttention(
+            8, 2, batch_first=True, normalizer=normalizer, validate_args=validate
+        )
+        layers[f"multihead-{normalizer}"] = lambda x, m, a=mha: (
+            a(x, x, x, key_padding_mask=~m)[0].square().sum()
+        )
+    one = {
+        "segmentation": SegmentationAttention(8, validate_args=validate),
+        "semi-markov-segmentation": SemiMarkovSegmentationAttention(
+            8, max_width=2, validate_args=validate
+        ),
+        "span-constituency": SpanAttention(8, structure="constituency", validate_args=validate),
+        "mean-field": MeanFieldAttention(8, iterations=2, validate_args=validate),
+    }
+    for name, layer in one.items():
+        layers[name] = lambda x, m, a=layer: a(x, x, m).context.square().sum()
+    self_attention = SpanSelfAttention(8, hidden_dim=4, validate_args=validate)
+    layers["span-self"] = lambda x, m: self_attention(x, m).context.square().sum()
+    return layers
+
+
+_LAYER_NAMES = sorted(_layers(True))
+
+
+@pytest.mark.parametrize("name", _LAYER_NAMES)
+def test_layers_without_validation_read_no_host_value(name: str) -> None:
+    """With ``validate_args=False`` a layer's forward and backward read no tensor value on
+    the host (the paths CUDA tensors take); with the default it checks its mask (a read)
+    and gives the same values."""
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    mask = torch.arange(5) < torch.tensor([5, 3]).unsqueeze(-1)
+    checked, unchecked = _layers(True)[name], _layers(False)[name]
+    leaf = x.clone().requires_grad_(True)
+    with _no_host_reads():
+        loss = unchecked(leaf, mask)
+        loss.backward()
+    expected = x.clone().requires_grad_(True)
+    reference = checked(expected, mask)
+    reference.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(leaf.grad, expected.grad, rtol=1e-4, atol=1e-5)
+    if name != "mean-field":  # any mask pattern is valid there: nothing to check
+        with _no_host_reads(), pytest.raises(AssertionError, match="a host read"):
+            checked(x, mask)

@@ -156,13 +156,14 @@ def check_mask(
     return mask
 
 
-def prefix_lengths(name: str, mask: Tensor, min_length: int = 1) -> Tensor:
+def prefix_lengths(name: str, mask: Tensor, min_length: int = 1, check: bool = True) -> Tensor:
     """Lengths [*] of a boolean mask [*, N] (True = real) whose real positions come first;
     ValueError naming ``name`` if it is not such a mask or leaves fewer than ``min_length``
     real positions in a row. One host synchronisation (none where the values cannot be read:
-    :func:`is_transformed`; the lengths are then returned unchecked)."""
+    :func:`is_transformed`, nor with ``check=False``, a layer's ``validate_args=False``; the
+    lengths are then returned unchecked)."""
     lengths = mask.sum(-1)
-    if is_transformed(mask):
+    if not check or is_transformed(mask):
         return lengths
     # a prefix mask is non-increasing along the last dimension
     gaps = (mask[..., 1:] & ~mask[..., :-1]).any() if mask.shape[-1] > 1 else mask.new_zeros(())
@@ -179,7 +180,11 @@ def prefix_lengths(name: str, mask: Tensor, min_length: int = 1) -> Tensor:
 
 
 def split_attention_mask(
-    name: str, mask: object, shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype
+    name: str,
+    mask: object,
+    shapes: tuple[tuple[int, ...], ...],
+    dtype: torch.dtype,
+    check: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """A mask in PyTorch's attention convention -> (allowed BoolTensor, additive bias or None).
 
@@ -187,7 +192,7 @@ def split_attention_mask(
     scores, ``-inf`` entries meaning not allowed (as ``nn.MultiheadAttention`` treats both).
     ``mask`` must have one of ``shapes``. The bias is ``None`` for a boolean mask and 0 at
     not-allowed entries otherwise. ValueError naming ``name`` for other dtypes, shapes, NaN
-    or +inf.
+    or +inf (the check of values, one host synchronisation, skipped with ``check=False``).
     """
     if not isinstance(mask, Tensor) or tuple(mask.shape) not in shapes:
         expected = " or ".join(str(s) for s in shapes)
@@ -199,7 +204,8 @@ def split_attention_mask(
             f"`{name}` must be a boolean (True = not allowed) or float (added to the scores) "
             f"tensor, got dtype {mask.dtype}"
         )
-    if mask.numel() and not is_transformed(mask) and not bool(mask.amax() < float("inf")):
+    values = check and mask.numel() and not is_transformed(mask)
+    if values and not bool(mask.amax() < float("inf")):
         # NaN or +inf; one host sync
         raise ValueError(f"`{name}` contains NaN or +inf")
     allowed = mask != float("-inf")

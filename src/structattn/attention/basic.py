@@ -45,9 +45,12 @@ class _ScoredAttention(nn.Module):
         query_dim: int | None = None,
         scorer: str | Scorer = "bilinear",
         hidden_dim: int | None = None,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         self.scorer = make_scorer(scorer, memory_dim, query_dim or memory_dim, hidden_dim)
+        #: check the mask's values (a prefix mask: one host sync per call); False: no host read
+        self.validate_args = validate_args
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
         """scores [B, Q, N], mask [B, N] -> weights [B, Q, N]."""
@@ -120,6 +123,9 @@ class SegmentationAttention(_ScoredAttention):
         normalize: divide by gamma (default True).
         lam: the paper's lambda (default 2).
         penalty: weight of the L2 penalty on b returned by :meth:`penalty` (default 0.005).
+        validate_args: check that the mask puts padding at the end (one host
+            synchronisation per call; default True). False skips it: no value is read on
+            the host (no device synchronisation on CUDA).
 
     The mask must put padding at the end (the chain is ordered). Add :meth:`penalty` to the
     training loss. ``scores`` in the output are theta_i(1).
@@ -142,8 +148,9 @@ class SegmentationAttention(_ScoredAttention):
         normalize: bool = True,
         lam: float = 2.0,
         penalty: float = 0.005,
+        validate_args: bool = True,
     ) -> None:
-        super().__init__(memory_dim, query_dim, scorer, hidden_dim)
+        super().__init__(memory_dim, query_dim, scorer, hidden_dim, validate_args)
         self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[z_i, z_{i+1}]
         self.normalize_context = normalize
         self.lam = lam
@@ -155,11 +162,19 @@ class SegmentationAttention(_ScoredAttention):
 
     def crf(self, scores: Tensor, mask: Tensor) -> LinearChainCRF:
         """The chain for scores [B, Q, N] (one chain per query), batch B * Q."""
-        lengths = prefix_lengths("mask", mask).unsqueeze(1).expand(scores.shape[:2])  # [B, Q]
+        lengths = (
+            prefix_lengths("mask", mask, check=self.validate_args)
+            .unsqueeze(1)
+            .expand(scores.shape[:2])
+        )  # [B, Q]
         return segmentation_crf(scores, lengths, self.transitions)
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
-        lengths = prefix_lengths("mask", mask).unsqueeze(1).expand(scores.shape[:2])  # [B, Q]
+        lengths = (
+            prefix_lengths("mask", mask, check=self.validate_args)
+            .unsqueeze(1)
+            .expand(scores.shape[:2])
+        )  # [B, Q]
         return segmentation_weights(scores, lengths, self.transitions)  # [B, Q, N]
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:

@@ -54,6 +54,8 @@ class MeanFieldAttention(nn.Module):
         memory_dim: size of h_i. query_dim: size of d_t (default memory_dim).
         hidden_dim: size of the unary MLP and rank r of J (default 32).
         iterations: k (default 3; the paper's MFA_k).
+        validate_args: accepted by every structured layer; this one checks no value on the
+            host either way (any mask pattern is valid), so it never synchronises.
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` [B, N]
     (True = real; any pattern), ``values`` [B, N, Dv] (default: memory); optionally
@@ -75,8 +77,10 @@ class MeanFieldAttention(nn.Module):
         query_dim: int | None = None,
         hidden_dim: int = 32,
         iterations: int = 3,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
+        self.validate_args = validate_args  # nothing to check on the host (any mask)
         query_dim = query_dim or memory_dim
         if iterations < 0:
             raise ValueError(f"`iterations` must be >= 0, got {iterations}")

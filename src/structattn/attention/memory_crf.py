@@ -77,6 +77,8 @@ class MemoryCRFAttention(nn.Module):
         edge_unary: ``"once"`` (each theta_k once) or ``"per-edge"`` (binary model: the
             paper's edge potentials summed, so the inner steps' theta_k count twice; the
             same as ``"once"`` for K <= 2).
+        validate_args: accepted by every structured layer; this one checks no value on the
+            host either way (any mask pattern is valid), so it never synchronises.
 
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
@@ -102,8 +104,10 @@ class MemoryCRFAttention(nn.Module):
         normalize_potentials: bool = False,
         query_mode: QueryMode = "linear",
         edge_unary: EdgeUnary = "once",
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
+        self.validate_args = validate_args  # nothing to check on the host (any mask)
         if steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {steps}")
         if query_mode not in QUERY_MODES:

@@ -87,6 +87,14 @@ class StructuredMultiheadAttention(nn.Module):
     (a tree is one structure over all positions: masked keys would still change the
     weights). ``add_bias_kv`` and ``add_zero_attn`` are not supported.
 
+    ``validate_args`` (default True) checks the values of the masks: no NaN or +inf in a
+    float mask, allowed keys first where segmentation and tree heads need them (one host
+    synchronisation per call). ``validate_args=False`` skips those checks (shapes and dtypes
+    are still checked): no value is read on the host in a forward or backward pass (no
+    device synchronisation on CUDA; what ``torch.compile`` and ``torch.export`` trace
+    whole anyway). The distributions the heads build never check again: their inputs come
+    from the masks.
+
     In PyTorch's Transformer layers, softmax-only layers keep the fused inference kernel
     (fast path, nested tensors); with any other head the layers call :meth:`forward`, since
     ``_qkv_same_embed_dim`` (the attribute they read to choose the kernel) is then False.
@@ -123,6 +131,7 @@ class StructuredMultiheadAttention(nn.Module):
         normalizer: Structure | Sequence[Structure] = "softmax",
         mean_field_iterations: int = 3,
         max_segment_width: int | None = None,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         if add_bias_kv or add_zero_attn:
@@ -146,6 +155,7 @@ class StructuredMultiheadAttention(nn.Module):
         self.batch_first = batch_first
         self.normalizers = tuple(names)
         self.mean_field_iterations = mean_field_iterations
+        self.validate_args = validate_args  # the masks' values (one host sync per call)
         if max_segment_width is not None and (
             not isinstance(max_segment_width, int)
             or isinstance(max_segment_width, bool)
@@ -448,12 +458,15 @@ class StructuredMultiheadAttention(nn.Module):
                 _min_as_padding(key_padding_mask, scores.dtype),
                 ((batch, source),),
                 scores.dtype,
+                self.validate_args,
             )
             keep = keep.to(device)
             if bias is not None:
                 scores = scores + bias.to(device).view(batch, 1, 1, source)
             if ordered:
-                key_lengths = prefix_lengths("key_padding_mask", keep)  # [B]
+                key_lengths = prefix_lengths(
+                    "key_padding_mask", keep, check=self.validate_args
+                )  # [B]
             allowed = keep.view(batch, 1, 1, source)
         if is_causal and attn_mask is None:
             attn_mask = torch.ones(length, source, dtype=torch.bool, device=device).triu(1)
@@ -470,12 +483,13 @@ class StructuredMultiheadAttention(nn.Module):
                 _min_as_padding(attn_mask, scores.dtype),
                 ((length, source), (batch * heads, length, source)),
                 scores.dtype,
+                self.validate_args,
             )
             shape = (1, 1, length, source) if keep.dim() == 2 else (batch, heads, length, source)
             keep = keep.to(device).view(shape)
             if bias is not None:
                 scores = scores + bias.to(device).view(shape)
-            if ordered:  # every row's allowed keys first (e.g. causal)
+            if ordered and self.validate_args:  # every row's allowed keys first (e.g. causal)
                 prefix_lengths("attn_mask", keep)
             allowed = keep if allowed is None else allowed & keep
         return scores, allowed, key_lengths
@@ -541,7 +555,8 @@ class StructuredMultiheadAttention(nn.Module):
                 eye = torch.eye(source, dtype=torch.bool, device=s.device)
                 coupling = coupling.masked_fill(eye, 0.0).unsqueeze(2)  # [B, h, 1, S, S]
                 keep = mask if mask is not None else torch.ones_like(s, dtype=torch.bool)
-                w = mean_field_weights(s, coupling, keep, self.mean_field_iterations)
+                iterations = self.mean_field_iterations
+                w = mean_field_weights(s, coupling, keep, iterations, self.validate_args)
             elif kind in ("constituency", "semi-markov"):  # self-attention over spans
                 if length != source:
                     raise ValueError(f"'{kind}' heads need self-attention (L == S)")

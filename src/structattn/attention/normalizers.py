@@ -144,7 +144,9 @@ def self_attention_tree_weights(
     return marginals[..., 1:, 1:].transpose(-1, -2), marginals[..., 0, 1:]
 
 
-def mean_field_weights(scores: Tensor, coupling: Tensor, mask: Tensor, iterations: int) -> Tensor:
+def mean_field_weights(
+    scores: Tensor, coupling: Tensor, mask: Tensor, iterations: int, validate_args: bool = True
+) -> Tensor:
     """Expected spins [*, Q, N] after ``iterations`` mean-field updates with unary scores
     [*, Q, N], couplings J broadcastable to [*, Q, N, N] (e.g. [*, 1, N, N]: shared by the
     queries) and mask broadcastable to [*, Q, N] (True = allowed; any pattern)."""
@@ -154,6 +156,7 @@ def mean_field_weights(scores: Tensor, coupling: Tensor, mask: Tensor, iteration
         coupling.expand(*scores.shape, n).reshape(-1, n, n),  # [B', N, N]
         iterations,
         mask.expand(scores.shape).reshape(-1, n),  # [B', N]
+        validate_args=validate_args,  # no NaN or infinity (one host sync)
     )
     return spins.reshape(scores.shape)
 

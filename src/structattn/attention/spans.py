@@ -111,10 +111,11 @@ class SpanAttentionOutput(NamedTuple):
     scores: Tensor  # [B, Q, N, N]: the span potentials phi (upper triangle)
 
 
-def _real_lengths(memory: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(mask [B, N] checked as a prefix mask, lengths [B] >= 1)."""
+def _real_lengths(memory: Tensor, mask: Tensor | None, check: bool = True) -> tuple[Tensor, Tensor]:
+    """(mask [B, N] checked as a prefix mask, lengths [B] >= 1; ``check=False``: the
+    lengths unchecked, no host read)."""
     mask = check_mask("mask", mask, tuple(memory.shape[:2]), memory.device)
-    return mask, prefix_lengths("mask", mask)
+    return mask, prefix_lengths("mask", mask, check=check)
 
 
 class SpanAttention(nn.Module):
@@ -144,6 +145,8 @@ class SpanAttention(nn.Module):
         structure: ``"constituency"`` or ``"semi-markov"``.
         representation: ``"endpoints"`` (default) or ``"mean"``.
         max_width: longest segment (``"semi-markov"`` only; None = the memory's length).
+        validate_args: check that the mask puts padding at the end (one host
+            synchronisation per call; default True); False: no value is read on the host.
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` BoolTensor
     [B, N] (True = real; padding at the end, at least one real position). Time O(B Q N^3)
@@ -167,11 +170,13 @@ class SpanAttention(nn.Module):
         structure: SpanStructure = "constituency",
         representation: SpanRepresentation = "endpoints",
         max_width: int | None = None,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         check_structure(structure, max_width)
         self.structure: SpanStructure = structure
         self.max_width = max_width
+        self.validate_args = validate_args
         self.memory_dim = memory_dim
         self.query_dim = query_dim or memory_dim
         self.scorer = SpanScorer(memory_dim, self.query_dim, representation)
@@ -193,7 +198,7 @@ class SpanAttention(nn.Module):
                 f"`query` and `memory` must have {self.query_dim} and {self.memory_dim} "
                 f"features, got shapes {tuple(query.shape)} and {tuple(memory.shape)}"
             )
-        mask, lengths = _real_lengths(memory, mask)
+        mask, lengths = _real_lengths(memory, mask, self.validate_args)
         memory = memory.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding inert (NaN included)
         scores = self.scorer(query3, memory)  # [B, Q, N, N]
         batch, queries = query3.shape[:2]
@@ -241,6 +246,8 @@ class SpanSelfAttention(nn.Module):
     Args:
         input_dim: size D of the inputs; hidden_dim: biLSTM and MLP size (default 50).
         structure, max_width: as above; scorer_layers: stacked biLSTM layers.
+        validate_args: check that the mask puts padding at the end (one host
+            synchronisation per call; default True); False: no value is read on the host.
 
     Forward: ``x`` [B, N, D], ``mask`` BoolTensor [B, N] (True = real, padding at the end).
 
@@ -258,11 +265,13 @@ class SpanSelfAttention(nn.Module):
         structure: SpanStructure = "constituency",
         max_width: int | None = None,
         scorer_layers: int = 1,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         check_structure(structure, max_width)
         self.structure: SpanStructure = structure
         self.max_width = max_width
+        self.validate_args = validate_args
         self.input_dim = input_dim
         self.scorer = BiLSTMArcScorer(input_dim, hidden_dim, scorer_layers)
 
@@ -272,7 +281,7 @@ class SpanSelfAttention(nn.Module):
             raise ValueError(
                 f"`x` must have {self.input_dim} features (input_dim), got shape {tuple(x.shape)}"
             )
-        mask, lengths = _real_lengths(x, mask)
+        mask, lengths = _real_lengths(x, mask, self.validate_args)
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)  # padding inert (NaN included)
         return x, lengths, self.scorer(x, lengths)  # span scores [B, N, N]
 
@@ -321,6 +330,8 @@ class SemiMarkovSegmentationAttention(nn.Module):
         max_width: longest selected segment (default 4).
         representation: ``"endpoints"`` (default) or ``"mean"``.
         normalize, lam, penalty: as :class:`SegmentationAttention` (penalty: L2 on b).
+        validate_args: check that the mask puts padding at the end (one host
+            synchronisation per call; default True); False: no value is read on the host.
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` [B, N]
     (prefix), ``values`` [B, N, Dv] (default memory) -> :class:`SpanAttentionOutput` with
@@ -343,9 +354,11 @@ class SemiMarkovSegmentationAttention(nn.Module):
         normalize: bool = True,
         lam: float = 2.0,
         penalty: float = 0.005,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         check_structure("semi-markov", max_width)
+        self.validate_args = validate_args
         self.memory_dim = memory_dim
         self.query_dim = query_dim or memory_dim
         self.max_width = max_width
@@ -393,7 +406,7 @@ class SemiMarkovSegmentationAttention(nn.Module):
         values = memory if values is None else check_memory(values, "values")
         if values.shape[:2] != (batch, size):
             raise ValueError(f"`values` must have shape [{batch}, {size}, Dv]")
-        mask, lengths = _real_lengths(memory, mask)
+        mask, lengths = _real_lengths(memory, mask, self.validate_args)
         memory = memory.masked_fill(~mask.unsqueeze(-1), 0.0)
         values = values.masked_fill(~mask.unsqueeze(-1), 0.0)
         scores = self.scorer(query3, memory)  # [B, Q, N, N]

@@ -113,6 +113,8 @@ class SyntacticAttention(nn.Module):
         prepend_root: see above.
         children: also return soft children d_i = sum_j p(z_ij = 1) x_j.
         multiroot: allow several children of ROOT (trees only).
+        validate_args: check that the mask puts padding at the end (one host
+            synchronisation per call; default True); False skips it.
 
     Forward: ``x`` [B, N, D], ``mask`` BoolTensor [B, N] (True = real; padding at the end).
 
@@ -135,6 +137,7 @@ class SyntacticAttention(nn.Module):
         children: bool = False,
         multiroot: bool = True,
         scorer_layers: int = 1,
+        validate_args: bool = True,
     ) -> None:
         super().__init__()
         if structure not in STRUCTURES:
@@ -144,6 +147,7 @@ class SyntacticAttention(nn.Module):
         self.return_children = children
         self.multiroot = multiroot
         self.input_dim = input_dim
+        self.validate_args = validate_args
         self.scorer = BiLSTMArcScorer(input_dim, hidden_dim, scorer_layers)
         self.root = nn.Parameter(torch.zeros(input_dim)) if prepend_root else None
 
@@ -155,7 +159,9 @@ class SyntacticAttention(nn.Module):
                 f"`x` must have {self.input_dim} features (input_dim), got shape {tuple(x.shape)}"
             )
         mask = check_mask("mask", mask, tuple(x.shape[:2]), x.device)
-        lengths = prefix_lengths("mask", mask, 1 if self.prepend_root else 2)
+        lengths = prefix_lengths(
+            "mask", mask, 1 if self.prepend_root else 2, check=self.validate_args
+        )
         if self.root is not None:
             root = self.root.to(x.dtype).expand(x.shape[0], 1, -1)
             x = torch.cat([root, x], dim=1)

@@ -33,10 +33,17 @@ from ._ops import Stash, is_transformed
 __all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
 
 
-def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None) -> Tensor:
-    """Validate inputs; return the BoolTensor mask [B, N] (all True when ``mask`` is None)."""
-    check_potentials("unary", unary, rank=2, allow_neg_inf=False)
-    check_potentials("pairwise", pairwise, rank=3, allow_neg_inf=False)
+def _check(unary: Tensor, pairwise: Tensor, mask: Tensor | None, values: bool = True) -> Tensor:
+    """Validate inputs (``values``: also no NaN or infinity, one host synchronisation);
+    return the BoolTensor mask [B, N] (all True when ``mask`` is None)."""
+    if values:
+        check_potentials("unary", unary, rank=2, allow_neg_inf=False)
+        check_potentials("pairwise", pairwise, rank=3, allow_neg_inf=False)
+    elif unary.dim() != 2 or pairwise.dim() != 3:
+        raise ValueError(
+            "`unary` and `pairwise` must have 2 and 3 dimensions, got shapes "
+            f"{tuple(unary.shape)} and {tuple(pairwise.shape)}"
+        )
     batch, n = unary.shape
     if n == 0:
         raise ValueError(
@@ -193,6 +200,7 @@ def mean_field_marginals(
     iterations: int,
     mask: Tensor | None = None,
     return_trajectory: bool = False,
+    validate_args: bool = True,
 ) -> Tensor:
     """Expected spins q_i = p(s_i = 1) after ``iterations`` parallel mean-field updates.
 
@@ -203,6 +211,8 @@ def mean_field_marginals(
         mask: BoolTensor [B, N], True at real positions; masked positions have spin 0 and
             exert no influence on the others.
         return_trajectory: also return every iterate.
+        validate_args: check that the potentials have no NaN or infinity (one host
+            synchronisation); False skips that check (shapes are still checked).
 
     Returns:
         spins [B, N], or with ``return_trajectory`` the iterates [k + 1, B, N]
@@ -215,7 +225,7 @@ def mean_field_marginals(
     """
     if not isinstance(iterations, int) or iterations < 0:
         raise ValueError(f"`iterations` must be an int >= 0, got {iterations!r}")
-    mask = _check(unary, pairwise, mask)
+    mask = _check(unary, pairwise, mask, validate_args)
     keep = mask.to(unary.dtype)  # [B, N]
     coupling = pairwise * (keep.unsqueeze(-1) * keep.unsqueeze(-2))  # [B, N, N], masked rows/cols 0
     # masked columns of J are 0, so the spins of masked positions never reach the real ones:
