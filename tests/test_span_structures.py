@@ -31,7 +31,7 @@ from structattn.structs.semi_markov import semi_markov_inside
 from structattn.trees import split_tree
 
 Params = tuple[Tensor, ...]
-Support = list[tuple[Params, Tensor]]  # (part indicators of one item, score)
+Support = oracles.Support  # (part indicators of one item, score)
 
 
 @dataclass(frozen=True)
@@ -50,22 +50,11 @@ def _tree_case(labels: int | None) -> Case:
         shape = (b, n, n) if labels is None else (b, n, n, labels)
         return (torch.randn(shape, dtype=dtype) * scale,)
 
-    def enumerate_trees(params: Params, length: int) -> Support:
-        (scores,) = params
-        out = []
-        for tree in oracles.labelled_bracketings(length, labels or 1):
-            ind = torch.zeros_like(scores)
-            index = [(i, j) if labels is None else (i, j, lab) for i, j, lab in tree]
-            for idx in index:
-                ind[idx] = 1
-            out.append(((ind,), torch.stack([scores[idx] for idx in index]).sum()))
-        return out
-
     return Case(
         name="tree" if labels is None else f"tree-{labels}-labels",
         draw=draw,
         build=lambda p, lengths: TreeCRF(p[0], lengths),
-        enumerate=enumerate_trees,
+        enumerate=lambda p, length: oracles.tree_support(p[0], length),
         marginals=lambda d: (d.marginals,),
         brute_n=5 if labels is None else 4,
     )
@@ -82,48 +71,22 @@ def _semi_draw(b: int, n: int, dtype: torch.dtype, scale: float) -> Params:
     )
 
 
-def _semi_enumerate(params: Params, length: int) -> Support:
-    segments, transitions = params
-    out = []
-    for z in oracles.segmentations(length, K, C):
-        ind = torch.zeros_like(segments)
-        count = torch.zeros_like(transitions)
-        for i, k, c in z:
-            ind[i, k, c] = 1
-        for a, b in zip(z, z[1:], strict=False):
-            count[a[2], b[2]] += 1
-        out.append(((ind, count), oracles.segmentation_score(segments, transitions, z)))
-    return out
-
-
 SEMI = Case(
     name="semi-markov",
     draw=_semi_draw,
     build=lambda p, lengths: SemiMarkovCRF(p[0], p[1], lengths),
-    enumerate=_semi_enumerate,
+    enumerate=lambda p, length: oracles.segmentation_support(p[0], p[1], length),
     marginals=lambda d: (d.marginals, d.transition_marginals),
     brute_n=5,
 )
 
 
 # ---- split trees ----------------------------------------------------------------------------
-def _split_enumerate(params: Params, length: int) -> Support:
-    (scores,) = params
-    n = scores.shape[0]
-    out = []
-    for nodes in oracles.split_trees(0, length - 1):
-        ind = scores.new_zeros(n, n)
-        for a, b, _ in nodes:
-            ind[a, b] = 1
-        out.append(((ind,), oracles.split_tree_log_prob(scores[:length], nodes)))
-    return out
-
-
 SPLIT = Case(
     name="split-tree",
     draw=lambda b, n, dtype, scale: (torch.randn(b, n, dtype=dtype) * scale,),
     build=lambda p, lengths: SplitTreeDistribution(p[0], lengths),
-    enumerate=_split_enumerate,
+    enumerate=lambda p, length: oracles.split_tree_support(p[0], length),
     marginals=lambda d: (d.marginals,),
     brute_n=5,
 )
