@@ -438,15 +438,15 @@ def _span_layers() -> dict[str, tuple[torch.nn.Module, Callable[..., Tensor], in
     return layers
 
 
-LAYERS = _span_layers()
+SECOND_ORDER_LAYERS = _span_layers()
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER_LAYERS))
 def test_span_layers_gradgradcheck(name: str) -> None:
     """gradcheck and gradgradcheck in float64 through every span layer: a loss on the
     context trains through the marginals (first order: their hand-written Hessian-vector
     products; second order: double backward through those)."""
-    _, forward, dim = LAYERS[name]
+    _, forward, dim = SECOND_ORDER_LAYERS[name]
     generator = torch.Generator().manual_seed(3)
     query = torch.randn(2, 2, 3, dtype=F64, generator=generator).requires_grad_()
     memory = torch.randn(2, 4, dim, dtype=F64, generator=generator).requires_grad_()
