@@ -16,8 +16,10 @@ forward+backward" measurement differentiates ``(marginals * weight).sum()``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -31,6 +33,9 @@ __all__ = [
 ]
 
 
+_P = TypeVar("_P", bound="Problem")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One batch of inputs in our parametrisation (float32, detached)."""
@@ -41,10 +46,10 @@ class Problem:
     multiroot: bool
     weight: Tensor  # random weights of the linear loss on the marginals
 
-    def to(self, dtype: torch.dtype) -> Problem:
-        """The same problem with tensors and weights cast to ``dtype``."""
+    def to(self: _P, dtype: torch.dtype) -> _P:
+        """The same problem (of the same class) with tensors and weights cast to ``dtype``."""
         tensors = tuple(t.to(dtype) for t in self.tensors)
-        return Problem(self.kind, tensors, self.lengths, self.multiroot, self.weight.to(dtype))
+        return dataclasses.replace(self, tensors=tensors, weight=self.weight.to(dtype))
 
     @property
     def batch(self) -> int:

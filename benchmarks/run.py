@@ -62,7 +62,7 @@ import torch
 from bound import Rates, bound_seconds, latency_floor_seconds, measure_rates, row_work
 from peers import Adapter, State, adapters_for
 from problems import Problem, brute_chain, brute_tree, make_chain, make_tree
-from spans import SPAN_OPS, SPAN_SECTIONS, format_span_table, run_section
+from spans import SPAN_OPS, SPAN_SECTIONS, run_section
 from spans import problems as span_problems
 from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
@@ -595,19 +595,32 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
+#: the columns that tell a section's rows apart, after op and N (trees: lengths, root)
+_KEY_COLUMNS = {"chain": ("C", "lengths"), "span": ("L",), "semi": ("K", "C")}
+
+
+def _key_cells(r: Row) -> list[str]:
+    if r.section == "chain":
+        return [str(r.labels), r.lengths]
+    if r.section == "span":
+        return [str(r.labels)]
+    if r.section == "semi":
+        return [r.root[2:], str(r.labels)]  # root holds "K=<width>"
+    return [r.lengths, r.root]
+
+
 def format_table(results: Results, section: str) -> str:
     """Markdown table of one section's rows."""
     rows = [r for r in results.rows if r.section == section]
     if not rows:
         return ""
     libs = ["ours"] + sorted({lib for r in rows for lib in (*r.times, *r.skipped) if lib != "ours"})
-    head = ["op", "N"] + (["C", "lengths"] if section == "chain" else ["lengths", "root"])
+    head = ["op", "N", *_KEY_COLUMNS.get(section, ("lengths", "root"))]
     head += [f"{lib} ms" for lib in libs] + ["ours/best", "bound ms", "ours/bound"]
     head += ["ours b2b ms", "b2b/bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [OP_TITLES[r.op], str(r.size)]
-        cells += [str(r.labels), r.lengths] if section == "chain" else [r.lengths, r.root]
+        cells = [OP_TITLES[r.op], str(r.size), *_key_cells(r)]
         for lib in libs:
             if lib in r.times:
                 cells.append(_ms(r.times[lib]))
@@ -848,7 +861,7 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
             f"\n## {section}  (median ms over {settings.repeats} interleaved repeats; ours b2b: "
             f"median of {settings.back_to_back} back-to-back calls per repeat)\n"
         )
-        _say(format_span_table(results, section, OP_TITLES))
+        _say(format_table(results, section))
     if "treeops" in settings.sections:
         import tree_ops
 

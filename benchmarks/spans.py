@@ -26,7 +26,6 @@ against ours in float64 before anything is timed, as the other sections of ``run
 
 from __future__ import annotations
 
-import statistics
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 import torch
 from bound import bound_seconds, latency_floor_seconds, row_work
+from problems import Problem
 from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
 
@@ -43,25 +43,11 @@ NEG = -1e5  # a forbidden entry in a peer's layout (finite: their passes are not
 
 
 @dataclass(frozen=True)
-class SpanProblem:
-    """One batch in our parametrisation (float32 unless cast)."""
-
-    kind: str  # "span" or "semi"
-    tensors: tuple[Tensor, ...]  # (span_scores,) or (segment_scores, transitions)
-    weight: Tensor  # the marginal loss's weights, the shape of tensors[0]
-
-    def to(self, dtype: torch.dtype) -> SpanProblem:
-        return SpanProblem(
-            self.kind, tuple(t.to(dtype) for t in self.tensors), self.weight.to(dtype)
-        )
-
-    @property
-    def batch(self) -> int:
-        return self.tensors[0].shape[0]
-
-    @property
-    def size(self) -> int:
-        return self.tensors[0].shape[1]
+class SpanProblem(Problem):
+    """One batch in our parametrisation (float32 unless cast), full lengths: ``tensors``
+    (span_scores,) or (segment_scores, transitions); ``weight`` the marginal loss's
+    weights, the shape of tensors[0]. ``batch``, ``size`` and ``to`` are
+    :class:`problems.Problem`'s."""
 
     @property
     def labels(self) -> int:
@@ -87,7 +73,7 @@ def make_span(batch: int, size: int, labels: int, seed: int = 0) -> SpanProblem:
     gen = torch.Generator().manual_seed(seed)
     shape = (batch, size, size) if labels == 1 else (batch, size, size, labels)
     scores = torch.randn(shape, generator=gen)
-    return SpanProblem("span", (scores,), torch.randn(shape, generator=gen))
+    return SpanProblem("span", (scores,), None, True, torch.randn(shape, generator=gen))
 
 
 def make_semi(batch: int, size: int, width: int, labels: int, seed: int = 0) -> SpanProblem:
@@ -95,7 +81,7 @@ def make_semi(batch: int, size: int, width: int, labels: int, seed: int = 0) -> 
     segments = torch.randn(batch, size, width, labels, generator=gen)
     transitions = torch.randn(labels, labels, generator=gen)
     weight = torch.randn(batch, size, width, labels, generator=gen)
-    return SpanProblem("semi", (segments, transitions), weight)
+    return SpanProblem("semi", (segments, transitions), None, True, weight)
 
 
 # ---- libraries: each maps our leaves to its log Z and marginals (of tensors[0], ours) -----
@@ -331,34 +317,3 @@ def run_span_memory(section: str, settings: Any, results: Any) -> None:
 def span_work(section: str, op: str, problem: SpanProblem) -> Any:
     lengths = torch.full((problem.batch,), problem.size, dtype=torch.long)
     return row_work(section, op, lengths, problem.labels, problem.width)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
-
-
-def format_span_table(results: Any, section: str, titles: dict[str, str]) -> str:
-    """Markdown table of the ``span`` or ``semi`` rows."""
-    rows = [r for r in results.rows if r.section == section]
-    if not rows:
-        return ""
-    libs = ["ours"] + sorted({lib for r in rows for lib in (*r.times, *r.skipped) if lib != "ours"})
-    head = ["op", "N"] + (["L"] if section == "span" else ["K", "C"])
-    head += [f"{lib} ms" for lib in libs] + ["ours/best", "bound ms", "ours/bound"]
-    head += ["ours b2b ms", "b2b/bound"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [titles[r.op], str(r.size)]
-        cells += [str(r.labels)] if section == "span" else [r.root[2:], str(r.labels)]
-        for lib in libs:
-            if lib in r.times:
-                cells.append(_ms(r.times[lib]))
-            else:
-                cells.append("FAIL" if r.skipped.get(lib) == "FAIL" else "-")
-        cells.append("n/a" if r.ratio is None else f"{r.ratio:.2f}")
-        cells.append(_ms(r.bound))
-        cells.append("-" if r.over_bound is None else f"{r.over_bound:.2f}")
-        cells.append(_ms(statistics.median(r.warm) if r.warm else None))
-        cells.append("-" if r.warm_over_bound is None else f"{r.warm_over_bound:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)

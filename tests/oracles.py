@@ -202,3 +202,59 @@ def catalan(n: int) -> int:
     from math import comb
 
     return comb(2 * n, n) // (n + 1)
+
+
+# ---- span supports: every structure of one item as (part indicators, score) ---------------
+Support = list[tuple[tuple[Tensor, ...], Tensor]]
+
+
+def tree_support(scores: Tensor, length: int) -> Support:
+    """Every (labelled) bracketing of ``length`` words of a TreeCRF item: scores [N, N] or
+    [N, N, L]; indicators of the scores' shape."""
+    labelled = scores.dim() == 3
+    out = []
+    for tree in labelled_bracketings(length, scores.shape[2] if labelled else 1):
+        ind = torch.zeros_like(scores)
+        index = [(i, j, lab) if labelled else (i, j) for i, j, lab in tree]
+        for idx in index:
+            ind[idx] = 1
+        out.append(((ind,), torch.stack([scores[idx] for idx in index]).sum()))
+    return out
+
+
+def segmentation_support(segments: Tensor, transitions: Tensor, length: int) -> Support:
+    """Every segmentation of a SemiMarkovCRF item: segments [N, K, C], transitions [C, C];
+    indicators (segments [N, K, C], transition counts [C, C])."""
+    _, width, labels = segments.shape
+    out = []
+    for z in segmentations(length, width, labels):
+        ind = torch.zeros_like(segments)
+        count = torch.zeros_like(transitions)
+        for i, k, c in z:
+            ind[i, k, c] = 1
+        for a, b in itertools.pairwise(z):
+            count[a[2], b[2]] += 1
+        out.append(((ind, count), segmentation_score(segments, transitions, z)))
+    return out
+
+
+def transition_counts(segments: Tensor, labels: int) -> Tensor:
+    """[C, C]: the consecutive segment label pairs of a 0/1 segmentation [N, K, C]."""
+    chosen = sorted((int(i), int(c)) for i, _, c in segments.nonzero())
+    count = segments.new_zeros(labels, labels)
+    for (_, a), (_, b) in itertools.pairwise(chosen):
+        count[a, b] += 1
+    return count
+
+
+def split_tree_support(scores: Tensor, length: int) -> Support:
+    """Every split tree of a SplitTreeDistribution item: scores [N]; indicators [N, N] of
+    the node spans; the score is the tree's log probability."""
+    n = scores.shape[0]
+    out = []
+    for nodes in split_trees(0, length - 1):
+        ind = scores.new_zeros(n, n)
+        for a, b, _ in nodes:
+            ind[a, b] = 1
+        out.append(((ind,), split_tree_log_prob(scores[:length], nodes)))
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -405,3 +406,49 @@ def test_tree_transduction_constituency_table_and_figure(tmp_path) -> None:
     table = format_table({"simple": {2: 50.0}, "constituency": {2: 75.0}})
     assert "Constituency (ours)" in table and "Simple (paper)" in table
     assert "Constituency (paper)" not in table
+
+
+# ---- second order through every span layer (the hand-written Hessian-vector products) -------
+def _span_layers() -> dict[str, tuple[torch.nn.Module, Callable[..., Tensor], int]]:
+    """name -> (layer in float64, (x, memory) -> output, model dim) on tiny sizes."""
+    torch.manual_seed(12)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    layers: dict[str, tuple[torch.nn.Module, Callable[..., Tensor], int]] = {}
+    for structure in STRUCTURES:
+        attn = SpanAttention(3, 2, structure, "endpoints", max_width=2).double()  # type: ignore[arg-type]
+        layers[f"span-{structure}"] = (
+            attn,
+            lambda q, m, a=attn: a(q[:, 0, :2], m, mask).context,
+            3,
+        )
+        self_attn = SpanSelfAttention(3, 2, structure=structure, max_width=2).double()  # type: ignore[arg-type]
+        layers[f"self-{structure}"] = (self_attn, lambda q, m, a=self_attn: a(m, mask).context, 3)
+    semi = SemiMarkovSegmentationAttention(3, 2, max_width=2).double()
+    with torch.no_grad():
+        semi.transitions.copy_(torch.randn(2, 2))
+    layers["semi-markov-segmentation"] = (
+        semi,
+        lambda q, m, a=semi: a(q[:, :, :2], m, mask).context,
+        3,
+    )
+    heads = StructuredMultiheadAttention(
+        4, 2, batch_first=True, normalizer=["constituency", "semi-markov"], max_segment_width=2
+    ).double()
+    layers["multihead-span-heads"] = (heads, lambda q, m, a=heads: a(m, m, m)[0], 4)
+    return layers
+
+
+SECOND_ORDER_LAYERS = _span_layers()
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER_LAYERS))
+def test_span_layers_gradgradcheck(name: str) -> None:
+    """gradcheck and gradgradcheck in float64 through every span layer: a loss on the
+    context trains through the marginals (first order: their hand-written Hessian-vector
+    products; second order: double backward through those)."""
+    _, forward, dim = SECOND_ORDER_LAYERS[name]
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 2, 3, dtype=F64, generator=generator).requires_grad_()
+    memory = torch.randn(2, 4, dim, dtype=F64, generator=generator).requires_grad_()
+    assert torch.autograd.gradcheck(forward, (query, memory))
+    assert torch.autograd.gradgradcheck(forward, (query, memory))

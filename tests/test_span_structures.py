@@ -27,10 +27,11 @@ from structattn import (
 )
 from structattn.distributions.base import StructuredDistribution
 from structattn.structs.constituency import cky_inside
+from structattn.structs.semi_markov import semi_markov_inside
 from structattn.trees import split_tree
 
 Params = tuple[Tensor, ...]
-Support = list[tuple[Params, Tensor]]  # (part indicators of one item, score)
+Support = oracles.Support  # (part indicators of one item, score)
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,11 @@ def _tree_case(labels: int | None) -> Case:
         shape = (b, n, n) if labels is None else (b, n, n, labels)
         return (torch.randn(shape, dtype=dtype) * scale,)
 
-    def enumerate_trees(params: Params, length: int) -> Support:
-        (scores,) = params
-        out = []
-        for tree in oracles.labelled_bracketings(length, labels or 1):
-            ind = torch.zeros_like(scores)
-            index = [(i, j) if labels is None else (i, j, lab) for i, j, lab in tree]
-            for idx in index:
-                ind[idx] = 1
-            out.append(((ind,), torch.stack([scores[idx] for idx in index]).sum()))
-        return out
-
     return Case(
         name="tree" if labels is None else f"tree-{labels}-labels",
         draw=draw,
         build=lambda p, lengths: TreeCRF(p[0], lengths),
-        enumerate=enumerate_trees,
+        enumerate=lambda p, length: oracles.tree_support(p[0], length),
         marginals=lambda d: (d.marginals,),
         brute_n=5 if labels is None else 4,
     )
@@ -81,48 +71,22 @@ def _semi_draw(b: int, n: int, dtype: torch.dtype, scale: float) -> Params:
     )
 
 
-def _semi_enumerate(params: Params, length: int) -> Support:
-    segments, transitions = params
-    out = []
-    for z in oracles.segmentations(length, K, C):
-        ind = torch.zeros_like(segments)
-        count = torch.zeros_like(transitions)
-        for i, k, c in z:
-            ind[i, k, c] = 1
-        for a, b in zip(z, z[1:], strict=False):
-            count[a[2], b[2]] += 1
-        out.append(((ind, count), oracles.segmentation_score(segments, transitions, z)))
-    return out
-
-
 SEMI = Case(
     name="semi-markov",
     draw=_semi_draw,
     build=lambda p, lengths: SemiMarkovCRF(p[0], p[1], lengths),
-    enumerate=_semi_enumerate,
+    enumerate=lambda p, length: oracles.segmentation_support(p[0], p[1], length),
     marginals=lambda d: (d.marginals, d.transition_marginals),
     brute_n=5,
 )
 
 
 # ---- split trees ----------------------------------------------------------------------------
-def _split_enumerate(params: Params, length: int) -> Support:
-    (scores,) = params
-    n = scores.shape[0]
-    out = []
-    for nodes in oracles.split_trees(0, length - 1):
-        ind = scores.new_zeros(n, n)
-        for a, b, _ in nodes:
-            ind[a, b] = 1
-        out.append(((ind,), oracles.split_tree_log_prob(scores[:length], nodes)))
-    return out
-
-
 SPLIT = Case(
     name="split-tree",
     draw=lambda b, n, dtype, scale: (torch.randn(b, n, dtype=dtype) * scale,),
     build=lambda p, lengths: SplitTreeDistribution(p[0], lengths),
-    enumerate=_split_enumerate,
+    enumerate=lambda p, length: oracles.split_tree_support(p[0], length),
     marginals=lambda d: (d.marginals,),
     brute_n=5,
 )
@@ -669,6 +633,50 @@ def test_tree_hand_written_outside_and_hvp_match_autograd(labels: int | None) ->
     assert torch.isfinite(hand32).all()
     torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)
     (hvp,) = torch.autograd.grad((hand32 * weight.float()).sum(), big)
+    assert torch.isfinite(hvp).all()
+
+
+def test_semi_markov_hand_written_marginals_and_hvp_match_autograd() -> None:
+    """The marginals and the Hessian-vector product written by hand (structs/semi_markov.py)
+    equal autograd through the semiring forward pass (-inf segments and transitions, an item
+    without a segmentation, NaN padding, length 1), through ``marginals`` and through the
+    double backward of log Z, in float64 and with |scores| ~ 1e4 in float32."""
+    torch.manual_seed(0)
+    n, width, labels = 7, 3, 3
+    segments = torch.randn(5, n, width, labels, dtype=torch.float64)
+    transitions = torch.randn(5, labels, labels, dtype=torch.float64)
+    segments[0, 1, 1] = float("-inf")  # forbidden segments
+    transitions[1, 0, 1] = float("-inf")  # a forbidden label pair
+    segments[3] = float("-inf")  # item 3: no segmentation
+    lengths = torch.tensor([7, 5, 1, 6, 2])
+    segments[4, 2:] = float("nan")  # item 4: padding
+    weights = (torch.randn_like(segments), torch.randn_like(transitions))
+
+    def auto(dist: SemiMarkovCRF) -> tuple[Tensor, ...]:
+        return StructuredDistribution._marginals_tuple.func(dist)  # type: ignore[attr-defined,no-any-return]
+
+    def run(how: str) -> list[Tensor]:
+        x = (segments.clone().requires_grad_(), transitions.clone().requires_grad_())
+        dist = SemiMarkovCRF(*x, lengths=lengths)
+        if how == "auto":  # autograd through the semiring forward pass
+            dist._inside = lambda s, parts, n: semi_markov_inside(*parts, n, s)  # type: ignore[method-assign]
+            marginals = auto(dist)
+        elif how == "double":  # the double backward of the hand-written log Z
+            marginals = torch.autograd.grad(dist.log_partition.sum(), x, create_graph=True)
+        else:
+            marginals = (dist.marginals, dist.transition_marginals)
+        loss = sum(((m * w).nan_to_num().sum() for m, w in zip(marginals, weights, strict=True)))
+        hvp = torch.autograd.grad(loss, x)
+        return [m.detach().nan_to_num() for m in marginals] + [h.nan_to_num() for h in hvp]
+
+    want = run("auto")
+    for how in ("hand", "double"):
+        for got, expected in zip(run(how), want, strict=True):
+            torch.testing.assert_close(got, expected)
+    big = (torch.randn(4, 9, 4, 3) * 1e4).requires_grad_()
+    dist = SemiMarkovCRF(big, lengths=torch.tensor([9, 5, 1, 8]))
+    assert torch.isfinite(dist.marginals).all()
+    (hvp,) = torch.autograd.grad((dist.marginals * torch.randn(4, 9, 4, 3)).sum(), big)
     assert torch.isfinite(hvp).all()
 
 

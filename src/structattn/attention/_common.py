@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._validation import check_mask
 
@@ -59,3 +59,37 @@ def masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     scores = scores.masked_fill(~mask.any(dim, keepdim=True), 0.0)  # no NaN for empty rows
     weights = torch.softmax(scores, dim)
     return weights.masked_fill(~mask, 0.0)
+
+
+class SegmentSelection:
+    """What SAN's segmentation attention layers share (Kim et al. 2017, sec. 3.2):
+    :class:`~structattn.attention.SegmentationAttention` (positions) and
+    :class:`~structattn.attention.SemiMarkovSegmentationAttention` (segments). A mixin of
+    an ``nn.Module``: the learned 2x2 ``transitions`` b between consecutive labels
+    (0 = not selected, 1 = selected), the L2 :meth:`penalty` on b, and the context
+    c = sum_k p_k v_k / gamma with gamma = lambda^{-1} sum_k p_k (``normalize=True``, the
+    paper's setting) or c = sum_k p_k v_k."""
+
+    transitions: nn.Parameter
+    normalize_context: bool
+    lam: float
+    penalty_weight: float
+
+    def _init_selection(self, normalize: bool, lam: float, penalty: float) -> None:
+        """Call from ``__init__`` after ``nn.Module.__init__``."""
+        self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[previous label, label]
+        self.normalize_context = normalize
+        self.lam = lam
+        self.penalty_weight = penalty
+
+    def penalty(self) -> Tensor:
+        """L2 penalty on the transitions b (add it to the loss)."""
+        return self.penalty_weight * self.transitions.pow(2).sum()
+
+    def selection_context(self, weights: Tensor, values: Tensor) -> Tensor:
+        """Context [B, Q, Dv] of weights p [B, Q, N] and values [B, N, Dv]."""
+        context = torch.matmul(weights, values)  # [B, Q, Dv]
+        if not self.normalize_context:
+            return context
+        gamma = weights.sum(-1, keepdim=True) / self.lam  # [B, Q, 1]
+        return context / gamma.clamp_min(torch.finfo(weights.dtype).tiny)

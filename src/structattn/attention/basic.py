@@ -21,7 +21,13 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions import LinearChainCRF
-from ._common import as_queries, check_attention_inputs, check_memory, refuse_scripting
+from ._common import (
+    SegmentSelection,
+    as_queries,
+    check_attention_inputs,
+    check_memory,
+    refuse_scripting,
+)
 from .normalizers import segmentation_crf, segmentation_weights, sigmoid_weights, softmax_weights
 from .scorers import Scorer, make_scorer
 
@@ -106,7 +112,7 @@ class SigmoidAttention(_ScoredAttention):
         return sigmoid_weights(scores, mask.unsqueeze(1))
 
 
-class SegmentationAttention(_ScoredAttention):
+class SegmentationAttention(_ScoredAttention, SegmentSelection):
     r"""Segmentation attention (Kim et al. 2017, sec. 3.2 and A.3): a 2-state linear-chain CRF
     over the N memory positions for every query.
 
@@ -151,14 +157,7 @@ class SegmentationAttention(_ScoredAttention):
         validate_args: bool = True,
     ) -> None:
         super().__init__(memory_dim, query_dim, scorer, hidden_dim, validate_args)
-        self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[z_i, z_{i+1}]
-        self.normalize_context = normalize
-        self.lam = lam
-        self.penalty_weight = penalty
-
-    def penalty(self) -> Tensor:
-        """L2 penalty on the pairwise potentials b (add it to the loss)."""
-        return self.penalty_weight * self.transitions.pow(2).sum()
+        self._init_selection(normalize, lam, penalty)  # b[z_i, z_{i+1}], lambda, penalty
 
     def crf(self, scores: Tensor, mask: Tensor) -> LinearChainCRF:
         """The chain for scores [B, Q, N] (one chain per query), batch B * Q."""
@@ -178,11 +177,7 @@ class SegmentationAttention(_ScoredAttention):
         return segmentation_weights(scores, lengths, self.transitions)  # [B, Q, N]
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
-        context = torch.bmm(weights, values)  # [B, Q, Dv]
-        if not self.normalize_context:
-            return context
-        gamma = weights.sum(-1, keepdim=True) / self.lam  # [B, Q, 1]
-        return context / gamma.clamp_min(torch.finfo(weights.dtype).tiny)
+        return self.selection_context(weights, values)
 
     def decode(self, query: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
         """MAP segmentation z (LongTensor [B, Q, N] or [B, N]; -1 at padding) by Viterbi."""

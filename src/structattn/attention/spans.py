@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .._validation import check_mask, prefix_lengths
 from ..distributions import SemiMarkovCRF, TreeCRF
 from ..names import SpanStructure
-from ._common import as_queries, check_memory
+from ._common import SegmentSelection, as_queries, check_memory
 from ._spans import (
     check_structure,
     corner_sums,
@@ -310,7 +310,7 @@ class SpanSelfAttention(nn.Module):
 
 
 # ---- semi-Markov segmentation attention -----------------------------------------------------
-class SemiMarkovSegmentationAttention(nn.Module):
+class SemiMarkovSegmentationAttention(nn.Module, SegmentSelection):
     r"""Segmentation attention (Kim et al. 2017, sec. 3.2) that selects *segments* of the
     memory instead of positions, with segment-level potentials.
 
@@ -363,14 +363,7 @@ class SemiMarkovSegmentationAttention(nn.Module):
         self.query_dim = query_dim or memory_dim
         self.max_width = max_width
         self.scorer = SpanScorer(memory_dim, self.query_dim, representation)
-        self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[previous label, label]
-        self.normalize_context = normalize
-        self.lam = lam
-        self.penalty_weight = penalty
-
-    def penalty(self) -> Tensor:
-        """L2 penalty on the transitions b (add it to the loss)."""
-        return self.penalty_weight * self.transitions.pow(2).sum()
+        self._init_selection(normalize, lam, penalty)  # b[previous label, label], ...
 
     def crf(self, scores: Tensor, lengths: Tensor) -> SemiMarkovCRF:
         """The CRF of span potentials [B, Q, N, N] with lengths [B] (batch B * Q)."""
@@ -414,10 +407,7 @@ class SemiMarkovSegmentationAttention(nn.Module):
         marginals = segments_to_spans(segment_marginals).view(scores.shape)  # [B, Q, N, N]
         # p_k = sum of the selected segments [i, j] with i <= k <= j
         weights = corner_sums(marginals.triu()).diagonal(dim1=-2, dim2=-1)  # [B, Q, N]
-        context = torch.matmul(weights, values)  # [B, Q, Dv]
-        if self.normalize_context:
-            gamma = weights.sum(-1, keepdim=True) / self.lam
-            context = context / gamma.clamp_min(torch.finfo(weights.dtype).tiny)
+        context = self.selection_context(weights, values)  # [B, Q, Dv]
         if single:
             return SpanAttentionOutput(context[:, 0], marginals[:, 0], weights[:, 0], scores[:, 0])
         return SpanAttentionOutput(context, marginals, weights, scores)

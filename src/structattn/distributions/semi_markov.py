@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 
 from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from ..structs.semi_markov import segment_mask, semi_markov_inside, semi_markov_log_partition
+from ..structs.semi_markov import (
+    segment_mask,
+    semi_markov_inside,
+    semi_markov_log_partition,
+    semi_markov_marginals,
+)
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
 from .base import StructuredDistribution
 
@@ -42,9 +49,11 @@ class SemiMarkovCRF(StructuredDistribution):
     [B, C, C] the expected number of consecutive segment pairs labelled (a, c).
 
     Forward pass (:func:`~structattn.structs.semi_markov.semi_markov_inside`): time
-    O(B N (K C + C^2)) in N sequential steps, memory O(B N K C); the marginals are the
-    gradient of log Z by autograd, and their backward (a loss on the marginals) autograd's
-    double backward.
+    O(B N (K C + C^2)) in N sequential steps, memory O(B N (K C + C^2)); the marginals
+    (the backward of log Z) come from a backward sweep written by hand
+    (:func:`~structattn.structs.semi_markov.semi_markov_marginals`), and their backward (a
+    loss on the marginals, as structured attention trains) from a hand-written
+    Hessian-vector product: no autograd graph through the N steps.
 
     Example:
         >>> crf = SemiMarkovCRF(torch.randn(2, 6, 3, 2), torch.randn(2, 2),
@@ -127,6 +136,14 @@ class SemiMarkovCRF(StructuredDistribution):
         if self.lengths is None:
             return torch.full((batch,), size, dtype=torch.long, device=self.segment_scores.device)
         return self.lengths
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        # the marginals by hand in one autograd node whose backward is the hand-written
+        # Hessian-vector product (a loss on the marginals trains through it)
+        with torch.set_grad_enabled(self._differentiable()):
+            segments, transitions = self._parts(self.segment_scores, self.transitions)
+            return semi_markov_marginals(segments, transitions, self.lengths)
 
     @property
     def marginals(self) -> Tensor:

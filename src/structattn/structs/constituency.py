@@ -30,7 +30,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
-from ._ops import is_transformed, tensor_cache
+from ._ops import Stash, is_transformed, tensor_cache, vmap_by_folding
 
 __all__ = [
     "cky_inside",
@@ -316,79 +316,247 @@ def _cky_hvp(charts: _Charts, direction: Tensor) -> Tensor:
 class _CKYLogPartition(torch.autograd.Function):
     """log Z over binary bracketings (forward: the inside pass, no autograd graph; backward:
     the outside pass by hand, the marginals times the incoming gradient). When the backward
-    is itself differentiated (``create_graph``), the marginals come from
-    :class:`_CKYMarginals`, whose backward is a hand-written Hessian-vector product."""
+    is itself differentiated (``create_graph``, ``torch.func``), the marginals come from
+    :class:`_CKYMarginals`, whose backward is a hand-written Hessian-vector product.
+    ``vmap`` folds the vmapped dimension into the batch (one call of the same passes);
+    ``jvp`` is the inner product of the marginals with the tangent."""
 
     @staticmethod
-    def forward(span_scores: Tensor, lengths: Tensor | None, stash: list[_Charts]) -> Tensor:
+    def forward(span_scores: Tensor, lengths: Tensor | None, stash: Stash) -> Tensor:
         charts = _cky_charts(span_scores.detach(), lengths)
-        stash.append(charts)
+        stash.value = charts
         return charts.logz.clone()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         span_scores, lengths, stash = inputs
-        ctx.charts = stash[-1]
+        # an empty stash: the forward ran through the vmap rule (vmap outside grad); the
+        # backward then recomputes the charts (in _CKYMarginals)
+        ctx.charts = stash.value
         ctx.lengths = lengths
         ctx.save_for_backward(span_scores)
+        ctx.save_for_forward(span_scores)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        return vmap_by_folding(
+            lambda a, n: _CKYLogPartition.apply(a, n, Stash()),
+            info,
+            in_dims[:2],
+            args[:2],
+            (True, True),
+        )
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: Any) -> Tensor:
+        # d log Z = <marginals, tangent>
+        (span_scores,) = ctx.saved_tensors
+        seed = span_scores.new_ones(span_scores.shape[0])
+        marginals = _CKYMarginals.apply(span_scores, seed, ctx.lengths, ctx.charts, Stash())
+        return (marginals * tangent).flatten(1).sum(-1)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         (span_scores,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # differentiated again: one node with its own backward
-            marginals = _CKYMarginals.apply(span_scores, grad, ctx.lengths, [ctx.charts])
+        if torch.is_grad_enabled() or ctx.charts is None or is_transformed(grad):
+            # differentiated again: one node with its own backward
+            marginals = _CKYMarginals.apply(span_scores, grad, ctx.lengths, ctx.charts, Stash())
             return marginals, None, None
         outside = _to_chart(_cky_outside(ctx.charts), ctx.lengths)
         return outside.mul_(grad.view(-1, 1, 1)), None, None
 
 
 class _CKYMarginals(torch.autograd.Function):
-    """``seed[b] * marginals[b]`` from the inside charts (forward: the outside pass by hand);
-    backward: ``seed[b]`` times the Hessian-vector product of log Z by hand. Differentiating
-    that once more falls back to autograd through :func:`cky_inside` (any order)."""
+    """``seed[b] * marginals[b]`` from the inside charts (forward: the outside pass by hand,
+    after the inside pass unless the charts are given); backward: ``seed[b]`` times the
+    Hessian-vector product of log Z by hand, which is also its ``jvp``. Differentiating the
+    backward once more falls back to autograd through :func:`cky_inside` (any order). A
+    direction that is a ``torch.func`` wrapper (jacfwd's batched tangents, an outer
+    transform's cotangents) goes through :class:`_CKYHvp`, whose vmap rule folds it into
+    the batch: the hand-written passes write into charts in place and the C++ kernels take
+    plain tensors."""
 
     @staticmethod
     def forward(
-        span_scores: Tensor, seed: Tensor, lengths: Tensor | None, stash: list[_Charts]
+        span_scores: Tensor,
+        seed: Tensor,
+        lengths: Tensor | None,
+        charts: _Charts | None,
+        stash: Stash,
     ) -> Tensor:
-        marginals = _to_chart(_cky_outside(stash[-1]), lengths)
-        stash.append(marginals)  # type: ignore[arg-type]
+        if charts is None:  # not computed by the caller (a vmap rule): the inside pass here
+            charts = _cky_charts(span_scores.detach(), lengths)
+        marginals = _to_chart(_cky_outside(charts), lengths)
+        stash.value = charts, marginals
         return marginals * seed.view(-1, 1, 1)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        span_scores, seed, lengths, stash = inputs
-        ctx.charts = stash[0]
+        span_scores, seed, lengths, _, stash = inputs
+        # an empty stash: the forward ran through the vmap rule (vmap outside grad)
+        ctx.charts, marginals = stash.value if stash.value is not None else (None, None)
         ctx.lengths = lengths
-        ctx.save_for_backward(span_scores, seed, stash[-1])
+        saved = (span_scores, seed) if marginals is None else (span_scores, seed, marginals)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        span_scores, seed, lengths, charts, _ = args
+        if in_dims[0] is None and in_dims[2] is None:
+            # only the seed is vmapped (jacrev of log Z): the marginals once, scaled
+            unit = span_scores.new_ones(span_scores.shape[0])
+            marginals = _CKYMarginals.apply(span_scores, unit, lengths, charts, Stash())
+            return marginals * seed.movedim(in_dims[1], 0)[..., None, None], 0
+        return vmap_by_folding(
+            lambda a, s, n: _CKYMarginals.apply(a, s, n, None, Stash()),
+            info,
+            in_dims[:3],
+            args[:3],
+            (True, True, True),
+        )
+
+    @staticmethod
+    def _unit(ctx: Any, span_scores: Tensor, saved: tuple[Tensor, ...]) -> Tensor:
+        """The marginals (seed 1): saved by the forward, else (after the vmap rule) again
+        through this Function (whose vmap rule folds)."""
+        if len(saved) == 3:
+            return saved[2]
+        unit = span_scores.new_ones(span_scores.shape[0])
+        marginals: Tensor = _CKYMarginals.apply(span_scores, unit, ctx.lengths, None, Stash())
+        return marginals
+
+    @staticmethod
+    def _hvp(ctx: Any, span_scores: Tensor, direction: Tensor) -> Tensor:
+        if ctx.charts is None or is_transformed(direction) or is_transformed(span_scores):
+            # through a Function whose vmap rule folds the direction into the batch
+            hvp: Tensor = _CKYHvp.apply(span_scores, direction, ctx.lengths, ctx.charts)
+            return hvp
+        return _to_chart(_cky_hvp(ctx.charts, _to_chart(direction, ctx.lengths)), ctx.lengths)
+
+    @staticmethod
+    def jvp(ctx: Any, t_scores: Tensor | None, t_seed: Tensor | None, *_: Any) -> Tensor:
+        # d(seed mu) = seed H t_scores + mu t_seed (H: the Hessian of log Z)
+        span_scores, seed, *saved = ctx.saved_tensors
+        out = torch.zeros_like(span_scores)
+        if t_scores is not None:
+            out = _CKYMarginals._hvp(ctx, span_scores, t_scores) * seed.view(-1, 1, 1)
+        if t_seed is not None:
+            unit = _CKYMarginals._unit(ctx, span_scores, (span_scores, seed, *saved))
+            out = out + unit * t_seed.view(-1, 1, 1)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        span_scores, seed, marginals = ctx.saved_tensors
-        if ctx.needs_input_grad[0] and torch.is_grad_enabled():
+        saved = ctx.saved_tensors
+        span_scores, seed = saved[:2]
+        nones = (None, None, None)
+        if ctx.needs_input_grad[0] and torch.is_grad_enabled() and not is_transformed(grad):
             # third order and beyond: autograd through the inside pass
             logz = cky_inside(span_scores, ctx.lengths, LogSemiring)
             (unit,) = torch.autograd.grad(logz.sum(), span_scores, create_graph=True)
             scaled = grad * seed.view(-1, 1, 1)
             (hvp,) = torch.autograd.grad(unit, span_scores, scaled, create_graph=True)
-            return hvp, (grad * unit).flatten(1).sum(-1), None, None
-        g_seed = (grad * marginals).flatten(1).sum(-1) if ctx.needs_input_grad[1] else None
+            return hvp, (grad * unit).flatten(1).sum(-1), *nones
+        g_seed = None
+        if ctx.needs_input_grad[1]:
+            g_seed = (grad * _CKYMarginals._unit(ctx, span_scores, saved)).flatten(1).sum(-1)
         if not ctx.needs_input_grad[0]:
-            return None, g_seed, None, None
-        hvp = _to_chart(_cky_hvp(ctx.charts, grad), ctx.lengths)
-        return hvp * seed.view(-1, 1, 1), g_seed, None, None
+            return None, g_seed, *nones
+        hvp = _CKYMarginals._hvp(ctx, span_scores, grad)
+        return hvp * seed.view(-1, 1, 1), g_seed, *nones
+
+
+class _CKYHvp(torch.autograd.Function):
+    """The Hessian of log Z times ``direction`` [B, N, N] by hand (:func:`_cky_hvp`), for a
+    direction or scores that are ``torch.func`` wrappers: its vmap rule folds a vmapped
+    direction into the batch (the charts repeated, not recomputed), so that jacrev of the
+    marginals, hessian and jacfwd run the hand-written pass once. Its own backward (third
+    order) is by ``torch.func`` through :func:`cky_inside`."""
+
+    @staticmethod
+    def forward(
+        span_scores: Tensor, direction: Tensor, lengths: Tensor | None, charts: _Charts | None
+    ) -> Tensor:
+        if charts is None:
+            charts = _cky_charts(span_scores.detach(), lengths)
+        return _to_chart(_cky_hvp(charts, _to_chart(direction, lengths)), lengths)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        span_scores, direction, lengths, _ = inputs
+        ctx.lengths = lengths
+        ctx.save_for_backward(span_scores, direction)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
+        span_scores, direction, lengths, charts = args
+        if in_dims[0] is None and in_dims[2] is None and charts is not None:
+            # only the direction is vmapped: the same charts for every direction
+            stacked = direction.movedim(in_dims[1], 0)  # [V, B, N, N]
+            size = stacked.shape[0]
+            folded = stacked.reshape(-1, *stacked.shape[2:])
+
+            def repeat(x: Tensor) -> Tensor:
+                return x.repeat(size, *([1] * (x.dim() - 1)))
+
+            kernel = charts.kernel
+            repeated = _Charts(
+                repeat(charts.inside),
+                repeat(charts.inner),
+                repeat(charts.last),
+                repeat(charts.logz),
+                None if kernel is None else (*map(repeat, kernel),),  # type: ignore[arg-type]
+            )
+            out = _CKYHvp.apply(
+                repeat(span_scores),
+                folded,
+                None if lengths is None else repeat(lengths),
+                repeated,
+            )
+            return out.view_as(stacked), 0
+        return vmap_by_folding(
+            lambda a, d, n: _CKYHvp.apply(a, d, n, None),
+            info,
+            in_dims[:3],
+            args[:3],
+            (True, True, True),
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        # d <grad, H(a) d> / da, and H grad for the direction (H is symmetric)
+        span_scores, direction = ctx.saved_tensors
+        g_scores = g_direction = None
+        if ctx.needs_input_grad[0]:
+            g_scores = torch.func.grad(
+                lambda a: (_hvp_by_func(a, ctx.lengths, direction) * grad).sum()
+            )(span_scores)
+        if ctx.needs_input_grad[1]:
+            g_direction = _hvp_by_func(span_scores, ctx.lengths, grad)
+        return g_scores, g_direction, None, None
+
+
+def _hvp_by_func(span_scores: Tensor, lengths: Tensor | None, direction: Tensor) -> Tensor:
+    """The Hessian of log Z times ``direction`` by ``torch.func`` (forward over reverse)
+    through :func:`cky_inside` (differentiable out-of-place operations: any order); 0 below
+    the diagonal and past the length. Only the third derivative uses it."""
+
+    def unit(a: Tensor) -> Tensor:
+        return cky_inside(a, lengths, LogSemiring).sum()
+
+    direction = _to_chart(direction, lengths)  # NaN-free where it is not read
+    out: Tensor = torch.func.jvp(torch.func.grad(unit), (span_scores,), (direction,))[1]
+    return _to_chart(out, lengths)
 
 
 @full_precision
 def cky_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
     """log Z over binary bracketings, [B], like ``cky_inside(..., LogSemiring)`` but with a
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
-    the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`. Under
-    ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ...) it is ``cky_inside``
-    itself, differentiated by the transforms."""
-    if is_transformed(span_scores):
-        return cky_inside(span_scores, lengths, LogSemiring)
-    return _CKYLogPartition.apply(span_scores, lengths, [])
+    the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`. Works under
+    ``torch.func`` transforms (``vmap`` folds into the batch; ``jvp`` by the marginals)."""
+    return _CKYLogPartition.apply(span_scores, lengths, Stash())
 
 
 @full_precision
@@ -399,19 +567,16 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
     attention trains through). Time O(B N^3) in N sequential widths per pass (one batched
     gather and reduction each), memory O(B N^2) plus O(N^3) cached indices. An item with no
     tree has zero marginals. ``span_scores`` as for :func:`cky_inside`. Under ``torch.func``
-    transforms the marginals are ``torch.func.grad`` of ``cky_inside``'s log Z."""
+    transforms the charts are computed inside the Function (whose vmap rule folds)."""
+    seed = span_scores.new_ones(span_scores.shape[0])
     if is_transformed(span_scores):
-
-        def total(scores: Tensor) -> tuple[Tensor, Tensor]:
-            logz = cky_inside(scores, lengths, LogSemiring)
-            return logz.sum(), logz
-
-        marginals, logz = torch.func.grad(total, has_aux=True)(span_scores)
-        return logz.detach(), marginals
+        with torch.no_grad():
+            logz = _CKYLogPartition.apply(span_scores.detach(), lengths, Stash())
+        marginals = _CKYMarginals.apply(span_scores, seed, lengths, None, Stash())
+        return logz, marginals
     with torch.no_grad():
         charts = _cky_charts(span_scores.detach(), lengths)
-    seed = span_scores.new_ones(span_scores.shape[0])
-    marginals = _CKYMarginals.apply(span_scores, seed, lengths, [charts])
+    marginals = _CKYMarginals.apply(span_scores, seed, lengths, charts, Stash())
     return charts.logz, marginals
 
 
