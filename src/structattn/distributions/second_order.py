@@ -13,6 +13,7 @@ from ..semirings import Semiring
 from ..structs.dependency import tree_score
 from ..structs.second_order import second_order_inside, sibling_score
 from ..trees import crossing_free
+from .base import tempered_inputs
 from .dependency import TreeCRFBase
 
 __all__ = ["SecondOrderDependencyCRF"]
@@ -73,11 +74,13 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         lengths: Tensor | None = None,
         multiroot: bool = True,
         validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
         if validate_args:
             check_potentials("arc_scores", arc_scores, rank=3)
         arc_scores, sibling_scores = autocast_widened(arc_scores, sibling_scores)
-        super().__init__(arc_scores, lengths, multiroot, validate_args)
+        super().__init__(arc_scores, lengths, multiroot, validate_args, temperature=temperature)
         if validate_args:
             check_potentials("sibling_scores", sibling_scores, rank=4)
             size = arc_scores.shape[-1]
@@ -90,6 +93,7 @@ class SecondOrderDependencyCRF(TreeCRFBase):
                 raise ValueError("`sibling_scores` must have the dtype of `arc_scores`")
             if sibling_scores.device != arc_scores.device:
                 raise ValueError("`sibling_scores` must be on the device of `arc_scores`")
+        (sibling_scores,) = tempered_inputs(self.temperature, sibling_scores)
         self.sibling_scores = sibling_scores
         self._raw = (self.arc_scores, sibling_scores)
 

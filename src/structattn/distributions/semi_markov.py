@@ -10,7 +10,7 @@ from .._validation import check_lengths, check_potentials
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.semi_markov import segment_mask, semi_markov_inside, semi_markov_log_partition
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
-from .base import StructuredDistribution
+from .base import StructuredDistribution, check_temperature, tempered_inputs
 
 __all__ = ["SemiMarkovCRF"]
 
@@ -61,7 +61,10 @@ class SemiMarkovCRF(StructuredDistribution):
         transitions: Tensor | None = None,
         lengths: Tensor | None = None,
         validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
+        self.temperature = check_temperature(temperature)
         if isinstance(segment_scores, Tensor):  # under autocast: inference in float32
             (segment_scores,) = autocast_widened(segment_scores)
         if isinstance(transitions, Tensor):
@@ -93,6 +96,7 @@ class SemiMarkovCRF(StructuredDistribution):
             lengths = check_lengths(lengths, batch, 1, size, segment_scores.device)
             read = segment_mask(lengths, batch, size, width, segment_scores.device)
             check_read_entries("segment_scores", segment_scores, read)
+        segment_scores, transitions = tempered_inputs(self.temperature, segment_scores, transitions)
         self.segment_scores = segment_scores
         self.transitions = transitions
         self.lengths = lengths
