@@ -8,6 +8,8 @@ the second-order trees of ``test_trees_ops.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import test_operations as suite
 import test_trees_ops as tree_ops
@@ -19,9 +21,24 @@ from structattn import (
     DependencyCRF,
     LinearChainCRF,
     NonProjectiveDependencyCRF,
+    SegmentationAttention,
     SemiMarkovCRF,
+    StructuredMultiheadAttention,
+    SyntacticAttention,
     TreeCRF,
 )
+from structattn.attention import (
+    SemiMarkovSegmentationAttention,
+    SpanAttention,
+    SpanSelfAttention,
+)
+from structattn.attention.normalizers import (
+    segmentation_weights,
+    self_attention_tree_weights,
+    tree_distribution,
+    tree_marginals,
+)
+from structattn.attention.spans import span_marginals
 from structattn.distributions import SecondOrderDependencyCRF
 from structattn.distributions.base import StructuredDistribution
 from structattn.distributions.dependency import TreeCRFBase
@@ -295,3 +312,198 @@ def test_sparsemap_bounded_iterations_and_errors() -> None:
         sparsemap(dist, tol=-1.0)
     with pytest.raises(NotImplementedError, match="unlabelled"):
         DependencyCRF(torch.randn(1, 4, 4, 2)).sparsemap()
+
+
+# ---- #41.7: the layers' weights="marginals" | "sparse" | "hard-st" ------------------------------
+def _tree_function(kind: str, mode: str, scores: Tensor, root: Tensor) -> Tensor:
+    lengths = torch.tensor([5, 3])
+    w, share = self_attention_tree_weights(scores, root, lengths, kind, mode)  # type: ignore[arg-type]
+    return torch.cat([w, share.unsqueeze(-1)], -1)  # [B, L, L + 1]
+
+
+FUNCTIONS = {
+    "segmentation": lambda mode, s: segmentation_weights(
+        s, torch.tensor([[5, 5, 5], [3, 3, 3]]), torch.randn(2, 2, generator=_gen(1)), mode
+    ),
+    "projective": lambda mode, s: _tree_function("projective", mode, s[:, 0].mT, s[:, 1, 0]),
+    "non-projective": lambda mode, s: _tree_function("non-projective", mode, s[:, 0], s[:, 2, 1]),
+    "constituency": lambda mode, s: span_marginals(
+        s, torch.tensor([5, 3, 4]), "constituency", None, mode
+    ),
+    "semi-markov": lambda mode, s: span_marginals(
+        s, torch.tensor([5, 3, 4]), "semi-markov", 3, mode
+    ),
+}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _scores(name: str) -> Tensor:
+    shape = (2, 3, 5) if name == "segmentation" else (2, 3, 5, 5)
+    if name in ("constituency", "semi-markov"):
+        shape = (3, 5, 5)
+    return torch.randn(shape, dtype=torch.float64, generator=_gen(0)).requires_grad_()
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_hard_st_is_the_argmax_forward_and_the_marginals_gradient(name: str) -> None:
+    scores = _scores(name)
+    soft = FUNCTIONS[name]("marginals", scores)
+    hard = FUNCTIONS[name]("hard-st", scores)
+    assert ((hard == 0) | (hard == 1)).all()
+    assert not torch.equal(hard, soft)
+    probe = torch.randn(soft.shape, dtype=soft.dtype, generator=_gen(2))
+    (want,) = torch.autograd.grad((soft * probe).sum(), scores)
+    (got,) = torch.autograd.grad((hard * probe).sum(), scores)
+    torch.testing.assert_close(got, want)
+
+
+def test_hard_st_weights_are_the_argmax_structures() -> None:
+    arcs = torch.randn(2, 6, 6, dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    for kind in ("projective", "non-projective"):
+        hard = tree_marginals(arcs, lengths, kind, weights="hard-st")  # type: ignore[arg-type]
+        dist = tree_distribution(arcs, lengths, kind)  # type: ignore[arg-type]
+        assert torch.equal(hard, dist._indicators(dist.argmax).to(hard.dtype))
+    spans = torch.randn(2, 5, 5, dtype=torch.float64)
+    hard = span_marginals(spans, torch.tensor([5, 3]), "constituency", weights="hard-st")
+    assert torch.equal(hard, TreeCRF(spans, torch.tensor([5, 3])).argmax.to(hard.dtype))
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_sparse_weights_are_sparse_and_sum_as_marginals(name: str) -> None:
+    scores = _scores(name)
+    soft = FUNCTIONS[name]("marginals", scores)
+    sparse = FUNCTIONS[name]("sparse", scores)
+    assert (sparse >= -1e-12).all() and (sparse <= 1 + 1e-12).all()
+    assert (sparse == 0).sum() > (soft == 0).sum()
+    if name in ("projective", "non-projective"):  # every word: one head (ROOT's share last)
+        torch.testing.assert_close(sparse.sum(-1), soft.sum(-1))
+    elif name == "constituency":  # 2n - 1 spans
+        torch.testing.assert_close(sparse.sum((-1, -2)), soft.sum((-1, -2)))
+    elif name == "semi-markov":  # the segments cover every position once
+        width = torch.arange(1, 6, dtype=soft.dtype)
+        span_width = (width.view(1, -1) - width.view(-1, 1) + 1).clamp_min(0)
+        torch.testing.assert_close(
+            (sparse * span_width).sum((-1, -2)), (soft * span_width).sum((-1, -2))
+        )
+    probe = torch.randn(soft.shape, dtype=soft.dtype, generator=_gen(2))
+    (grad,) = torch.autograd.grad((sparse * probe).sum(), scores)
+    assert torch.isfinite(grad).all()
+
+
+def _layers(mode: str) -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Module], Tensor]]]:
+    """name -> (layer, one call returning what a loss reads), tiny sizes."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    q = torch.randn(2, 3, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+    heads = ["segmentation", "projective", "non-projective", "constituency", "semi-markov"]
+    return {
+        "multihead": (
+            StructuredMultiheadAttention(
+                10,
+                5,
+                batch_first=True,
+                normalizer=heads,
+                max_segment_width=2,
+                weights=mode,  # type: ignore[arg-type]
+            ),
+            lambda m: m(
+                torch.randn(2, 5, 10, generator=_gen(3)),
+                *[torch.randn(2, 5, 10, generator=_gen(3))] * 2,
+                average_attn_weights=False,
+            )[0],
+        ),
+        "segmentation": (
+            SegmentationAttention(8, weights=mode),  # type: ignore[arg-type]
+            lambda m: m(q, x, mask).context,
+        ),
+        "syntactic": (
+            SyntacticAttention(8, hidden_dim=4, weights=mode),  # type: ignore[arg-type]
+            lambda m: m(x, mask).parents,
+        ),
+        "syntactic-nonprojective": (
+            SyntacticAttention(8, hidden_dim=4, structure="non-projective", weights=mode),  # type: ignore[arg-type]
+            lambda m: m(x, mask).parents,
+        ),
+        "span": (SpanAttention(8, weights=mode), lambda m: m(q, x, mask).context),  # type: ignore[arg-type]
+        "span-self": (
+            SpanSelfAttention(8, hidden_dim=4, structure="semi-markov", weights=mode),  # type: ignore[arg-type]
+            lambda m: m(x, mask).context,
+        ),
+        "semi-markov-segmentation": (
+            SemiMarkovSegmentationAttention(8, max_width=2, weights=mode),  # type: ignore[arg-type]
+            lambda m: m(q, x, mask).context,
+        ),
+    }
+
+
+LAYER_NAMES = list(_layers("marginals"))
+
+
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_default_weights_are_the_marginals_bit_for_bit(name: str) -> None:
+    layer, call = _layers("marginals")[name]
+    default = type(layer)(**_init_args(layer))
+    default.load_state_dict(layer.state_dict())
+    torch.manual_seed(5)
+    want = call(default)
+    torch.manual_seed(5)
+    got = call(layer)
+    assert torch.equal(got, want)
+
+
+def _init_args(layer: torch.nn.Module) -> dict[str, object]:
+    """The constructor arguments of one of ``_layers``' layers, without ``weights``."""
+    return {
+        StructuredMultiheadAttention: lambda: {
+            "embed_dim": 10,
+            "num_heads": 5,
+            "batch_first": True,
+            "normalizer": [
+                "segmentation",
+                "projective",
+                "non-projective",
+                "constituency",
+                "semi-markov",
+            ],
+            "max_segment_width": 2,
+        },
+        SegmentationAttention: lambda: {"memory_dim": 8},
+        SyntacticAttention: lambda: {
+            "input_dim": 8,
+            "hidden_dim": 4,
+            "structure": layer.structure,  # type: ignore[attr-defined]
+        },
+        SpanAttention: lambda: {"memory_dim": 8},
+        SpanSelfAttention: lambda: {"input_dim": 8, "hidden_dim": 4, "structure": "semi-markov"},
+        SemiMarkovSegmentationAttention: lambda: {"memory_dim": 8, "max_width": 2},
+    }[type(layer)]()
+
+
+@pytest.mark.parametrize("mode", ["marginals", "sparse", "hard-st"])
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_a_training_step_runs_with_each_weights_option(name: str, mode: str) -> None:
+    layer, call = _layers(mode)[name]
+    assert layer.weights_mode == mode
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in layer.parameters()]
+    loss = call(layer).pow(2).mean()
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in layer.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    optimizer.step()
+    assert any(not torch.equal(p, b) for p, b in zip(layer.parameters(), before, strict=True))
+
+
+def test_weights_option_errors() -> None:
+    with pytest.raises(ValueError, match="`weights`"):
+        SegmentationAttention(8, weights="hard")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`weights`"):
+        StructuredMultiheadAttention(8, 2, weights="sparsemax")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a tree structure"):
+        SyntacticAttention(8, structure="softmax", weights="sparse")

@@ -21,7 +21,9 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions import LinearChainCRF
+from ..names import WeightKind
 from ._common import as_queries, check_attention_inputs, check_memory, refuse_scripting
+from ._weights import check_weights
 from .normalizers import segmentation_crf, segmentation_weights, sigmoid_weights, softmax_weights
 from .scorers import Scorer, make_scorer
 
@@ -120,6 +122,9 @@ class SegmentationAttention(_ScoredAttention):
         normalize: divide by gamma (default True).
         lam: the paper's lambda (default 2).
         penalty: weight of the L2 penalty on b returned by :meth:`penalty` (default 0.005).
+        weights: ``"marginals"`` (default, p_i), ``"sparse"`` (SparseMAP's p_i: a mix of
+            few segmentations) or ``"hard-st"`` (the Viterbi segmentation's z_i forward, the
+            marginals' gradient backward).
 
     The mask must put padding at the end (the chain is ordered). Add :meth:`penalty` to the
     training loss. ``scores`` in the output are theta_i(1).
@@ -142,8 +147,10 @@ class SegmentationAttention(_ScoredAttention):
         normalize: bool = True,
         lam: float = 2.0,
         penalty: float = 0.005,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__(memory_dim, query_dim, scorer, hidden_dim)
+        self.weights_mode = check_weights(weights)
         self.transitions = nn.Parameter(torch.zeros(2, 2))  # b[z_i, z_{i+1}]
         self.normalize_context = normalize
         self.lam = lam
@@ -160,7 +167,7 @@ class SegmentationAttention(_ScoredAttention):
 
     def normalize(self, scores: Tensor, mask: Tensor) -> Tensor:
         lengths = prefix_lengths("mask", mask).unsqueeze(1).expand(scores.shape[:2])  # [B, Q]
-        return segmentation_weights(scores, lengths, self.transitions)  # [B, Q, N]
+        return segmentation_weights(scores, lengths, self.transitions, self.weights_mode)
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
         context = torch.bmm(weights, values)  # [B, Q, Dv]
