@@ -448,3 +448,61 @@ def test_labelled_structured_nll(cls: type[TreeCRFBase]) -> None:
     cycle = LabelledHeads(torch.tensor([[-1, 2, 1, 2, 3], [-1, 0, 1, 2, -1]]), gold.labels)
     with pytest.raises(ValueError, match="item 0: not a tree"):
         structured_nll(cls(scores.detach(), lengths=torch.tensor([5, 4])), cycle)
+
+
+@MULTIROOT
+@pytest.mark.parametrize("n_words", [1, 2, 3, 4, 5])
+def test_second_order_topk_against_enumeration(multiroot: bool, n_words: int) -> None:
+    gen = torch.Generator().manual_seed(n_words + 40 * multiroot)
+    size = n_words + 1
+    arcs = torch.randn(3, size, size, dtype=torch.float64, generator=gen).requires_grad_()
+    sibs = torch.randn(3, size, size, size, dtype=torch.float64, generator=gen)
+    sibs[2] = sibs[2].masked_fill(torch.rand(size, size, size, generator=gen) < 0.3, NEG_INF)
+    sibs.requires_grad_()
+    lengths = torch.tensor([size, max(size - 1, 2), size])
+    dist = SecondOrderDependencyCRF(arcs, sibs, lengths=lengths, multiroot=multiroot)
+    k = 7
+    scores, heads = dist.topk(k)
+    assert scores.shape == (k, 3) and heads.shape == (k, 3, size)
+    assert torch.equal(heads[0], dist.argmax)
+    for b, length in enumerate(lengths.tolist()):
+        support = list(trees(length - 1, True, multiroot))
+        values = torch.stack([second_order_score(arcs[b], sibs[b], t) for t in support]).detach()
+        want = values.sort(descending=True).values[:k]
+        want = want[torch.isfinite(want)]
+        found = len(want)
+        torch.testing.assert_close(scores[:found, b].detach(), want)
+        got = [tree_of(heads[r, b], length) for r in range(found)]
+        assert len(set(got)) == found and all(t in support for t in got)
+        for r, t in enumerate(got):
+            torch.testing.assert_close(
+                scores[r, b].detach(), second_order_score(arcs[b], sibs[b], t).detach()
+            )
+        assert torch.isneginf(scores[found:, b]).all() and (heads[found:, b] == -1).all()
+    # the scores' gradient is each tree's arc and sibling indicators
+    finite = torch.isfinite(scores)
+    picked = scores[finite].sum()
+    grad_arcs, grad_sibs = torch.autograd.grad(picked, (arcs, sibs))
+    want_arcs = torch.zeros_like(arcs)
+    want_sibs = torch.zeros_like(sibs)
+    for r, b in finite.nonzero().tolist():
+        t = tree_of(heads[r, b], int(lengths[b]))
+        for m, h in enumerate(t, 1):
+            want_arcs[b, h, m] += 1
+        for triple in sibling_triples(t):
+            want_sibs[(b, *triple)] += 1
+    torch.testing.assert_close(grad_arcs, want_arcs)
+    torch.testing.assert_close(grad_sibs, want_sibs)
+
+
+def test_second_order_topk_ties_and_errors() -> None:
+    gen = torch.Generator().manual_seed(0)
+    arcs = torch.randn(2, 5, 5, generator=gen).round().clamp(-1, 1)
+    sibs = torch.randn(2, 5, 5, 5, generator=gen).round().clamp(-1, 1)
+    dist = SecondOrderDependencyCRF(arcs, sibs)
+    scores, heads = dist.topk(4)
+    assert torch.equal(heads[0], dist.argmax)
+    torch.testing.assert_close(scores[0], dist.max_score)
+    assert (scores[:-1] >= scores[1:]).all()
+    with pytest.raises(ValueError, match="`k`"):
+        dist.topk(0)

@@ -12,7 +12,10 @@ code validates against and shows in errors. Layers and models take a subset:
 * :data:`MemoryStructure`: attention of queries over a memory (``Seq2Seq``'s decoder);
 * :data:`GateKind`: PRPN's attention-limit gates (stick-breaking, Bradley-Terry);
 * :data:`SpanStructure`: the CRFs over spans (``SpanAttention``, span heads): binary
-  bracketings (constituency-tree CRF, CKY) and segmentations (semi-Markov CRF).
+  bracketings (constituency-tree CRF, CKY) and segmentations (semi-Markov CRF);
+* :data:`WeightKind`: what a structured attention layer takes of its CRF as weights (the
+  ``weights=`` option): the marginals, SparseMAP's sparse marginals, or the MAP structure
+  with the marginals' gradient (straight-through).
 
 The papers name their variants differently: :data:`AttentionVariant` (``"none"``,
 ``"simple"``, ``"structured"``, SAN sec. 4.1 and 4.4) and :data:`VARIANT_STRUCTURES`, the
@@ -44,6 +47,8 @@ __all__ = [
     "SpanStructure",
     "Structure",
     "TreeStructure",
+    "WEIGHT_KINDS",
+    "WeightKind",
 ]
 
 #: every structure over attention weights, one normaliser each
@@ -67,6 +72,8 @@ MemoryStructure = Literal["softmax", "sigmoid", "segmentation", "mean-field"]
 GateKind = Literal["stick-breaking", "bradley-terry"]
 #: CRFs over spans: binary bracketings (TreeCRF) or segmentations (SemiMarkovCRF)
 SpanStructure = Literal["constituency", "semi-markov"]
+#: a CRF's weights: marginals, SparseMAP marginals, MAP indicators (straight-through)
+WeightKind = Literal["marginals", "sparse", "hard-st"]
 #: the papers' names of a self-attention encoder's variants (SAN sec. 4.1, 4.4)
 AttentionVariant = Literal["none", "simple", "structured"]
 #: the papers' variants and self-attention over constituents (a TreeCRF's spans)
@@ -78,6 +85,7 @@ ARC_STRUCTURES: tuple[ArcStructure, ...] = get_args(ArcStructure)
 MEMORY_STRUCTURES: tuple[MemoryStructure, ...] = get_args(MemoryStructure)
 GATE_KINDS: tuple[GateKind, ...] = get_args(GateKind)
 SPAN_STRUCTURES: tuple[SpanStructure, ...] = get_args(SpanStructure)
+WEIGHT_KINDS: tuple[WeightKind, ...] = get_args(WeightKind)
 ATTENTION_VARIANTS: tuple[AttentionVariant, ...] = get_args(AttentionVariant)
 SELF_ATTENTION_VARIANTS: tuple[SelfAttentionVariant, ...] = get_args(SelfAttentionVariant)
 

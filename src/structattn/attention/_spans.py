@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from ..distributions import SemiMarkovCRF, TreeCRF
-from ..names import SPAN_STRUCTURES, SpanStructure
+from ..names import SPAN_STRUCTURES, SpanStructure, WeightKind
+from ._weights import structured_weights
 
 __all__ = [
     "check_structure",
@@ -111,24 +112,29 @@ def span_marginals(
     lengths: Tensor,
     structure: SpanStructure,
     max_width: int | None = None,
+    weights: WeightKind = "marginals",
 ) -> Tensor:
     """Span marginals [*, N, N] of span scores [*, N, N] (``[i, j]``: span i..j, i <= j)
     with lengths [*] >= 1: of a :class:`~structattn.distributions.TreeCRF`
     (``"constituency"``) or of a one-label :class:`~structattn.distributions.SemiMarkovCRF`
     whose segment (i, k) scores ``span_scores[i, i + k]`` (``"semi-markov"``, segments of
-    at most ``max_width`` positions; None = N). One batched structure per leading index."""
+    at most ``max_width`` positions; None = N). One batched structure per leading index.
+    ``weights`` "sparse" / "hard-st": SparseMAP's spans / the MAP structure's spans
+    (straight-through) instead of the marginals."""
     if structure not in SPAN_STRUCTURES:
         raise ValueError(f"`structure` must be one of {SPAN_STRUCTURES}, got {structure!r}")
     size = span_scores.shape[-1]
     flat = span_scores.reshape(-1, size, size)  # [B', N, N]
     flat_lengths = lengths.reshape(-1)
     if structure == "constituency":
-        marginals = TreeCRF(flat, flat_lengths, validate_args=False).marginals
+        tree = TreeCRF(flat, flat_lengths, validate_args=False)
+        marginals = tree.marginals if weights == "marginals" else structured_weights(tree, weights)
     else:
         width = size if max_width is None else min(max_width, size)
         segments = spans_to_segments(flat, width).unsqueeze(-1)  # [B', N, K, 1]
         crf = SemiMarkovCRF(segments, None, flat_lengths, validate_args=False)
-        marginals = segments_to_spans(crf.marginals[..., 0])
+        chosen = crf.marginals if weights == "marginals" else structured_weights(crf, weights)
+        marginals = segments_to_spans(chosen[..., 0])
     return marginals.reshape(span_scores.shape)
 
 
@@ -142,10 +148,15 @@ def check_structure(structure: object, max_width: object) -> None:
 
 
 def span_self_attention_weights(
-    scores: Tensor, lengths: Tensor, structure: SpanStructure, max_width: int | None = None
+    scores: Tensor,
+    lengths: Tensor,
+    structure: SpanStructure,
+    max_width: int | None = None,
+    weights: WeightKind = "marginals",
 ) -> Tensor:
     """Self-attention weights [*, L, L] of scores [*, L, L] (``S[q, k]``) with lengths [*]:
     the span [i, j] (i <= j) scores ``S[i, j]`` (start as query, end as key) in one
     structure per leading index (:func:`span_marginals`), and query q's weight on key k is
-    the :func:`span_membership` of the marginals. Rows beyond the length are 0."""
-    return span_membership(span_marginals(scores, lengths, structure, max_width))
+    the :func:`span_membership` of the marginals (``weights``: as :func:`span_marginals`).
+    Rows beyond the length are 0."""
+    return span_membership(span_marginals(scores, lengths, structure, max_width, weights))

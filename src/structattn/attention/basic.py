@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions import LinearChainCRF
+from ..names import WeightKind
 from ._common import (
     SegmentSelection,
     as_queries,
@@ -28,6 +29,7 @@ from ._common import (
     check_memory,
     refuse_scripting,
 )
+from ._weights import check_weights
 from .normalizers import segmentation_crf, segmentation_weights, sigmoid_weights, softmax_weights
 from .scorers import Scorer, make_scorer
 
@@ -132,6 +134,9 @@ class SegmentationAttention(_ScoredAttention, SegmentSelection):
         validate_args: check that the mask puts padding at the end (one host
             synchronisation per call; default True). False skips it: no value is read on
             the host (no device synchronisation on CUDA).
+        weights: ``"marginals"`` (default, p_i), ``"sparse"`` (SparseMAP's p_i: a mix of
+            few segmentations) or ``"hard-st"`` (the Viterbi segmentation's z_i forward, the
+            marginals' gradient backward).
 
     The mask must put padding at the end (the chain is ordered). Add :meth:`penalty` to the
     training loss. ``scores`` in the output are theta_i(1).
@@ -155,8 +160,10 @@ class SegmentationAttention(_ScoredAttention, SegmentSelection):
         lam: float = 2.0,
         penalty: float = 0.005,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__(memory_dim, query_dim, scorer, hidden_dim, validate_args)
+        self.weights_mode = check_weights(weights)
         self._init_selection(normalize, lam, penalty)  # b[z_i, z_{i+1}], lambda, penalty
 
     def crf(self, scores: Tensor, mask: Tensor) -> LinearChainCRF:
@@ -174,7 +181,7 @@ class SegmentationAttention(_ScoredAttention, SegmentSelection):
             .unsqueeze(1)
             .expand(scores.shape[:2])
         )  # [B, Q]
-        return segmentation_weights(scores, lengths, self.transitions)  # [B, Q, N]
+        return segmentation_weights(scores, lengths, self.transitions, self.weights_mode)
 
     def contextualize(self, weights: Tensor, values: Tensor) -> Tensor:
         return self.selection_context(weights, values)

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import prefix_lengths, split_attention_mask
-from ..names import Structure, TreeStructure
+from ..names import Structure, TreeStructure, WeightKind
 from ._common import refuse_scripting
 from ._spans import span_self_attention_weights
+from ._weights import check_weights
 from .normalizers import (
     NORMALIZERS,
     mean_field_weights,
@@ -81,6 +82,10 @@ class StructuredMultiheadAttention(nn.Module):
       chain from the word q to the sentence). Rows sum to 1; no parameters of their own.
 
     ``normalizer`` is one name for all heads or a sequence of ``num_heads`` names.
+    ``weights`` chooses what the CRF heads (segmentation, tree and span heads) take of their
+    CRF: ``"marginals"`` (default, the above), ``"sparse"`` (SparseMAP's sparse marginals,
+    a mix of few structures) or ``"hard-st"`` (the MAP structure forward, the marginals'
+    gradient backward: straight-through); softmax, sigmoid and mean-field heads ignore it.
     Segmentation and tree heads need padding at the end of the keys. Segmentation heads
     take an ``attn_mask`` whose allowed keys come first in every row (e.g. a causal mask:
     one chain over each query's prefix); tree heads take no ``attn_mask``/``is_causal``
@@ -132,8 +137,10 @@ class StructuredMultiheadAttention(nn.Module):
         mean_field_iterations: int = 3,
         max_segment_width: int | None = None,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
+        self.weights_mode = check_weights(weights)  # what CRF heads take of their CRF
         if add_bias_kv or add_zero_attn:
             raise ValueError("`add_bias_kv` and `add_zero_attn` are not supported")
         if embed_dim % num_heads:
@@ -547,7 +554,7 @@ class StructuredMultiheadAttention(nn.Module):
                     else mask.expand(s.shape).sum(-1)
                 )  # [B, h, L]: each query's chain
                 transitions = _take(self.transitions, slots, slot_span).view(1, nh, 1, 2, 2)
-                w = segmentation_weights(s, lengths, transitions)
+                w = segmentation_weights(s, lengths, transitions, self.weights_mode)
             elif kind == "mean-field":
                 assert self.coupling is not None and slots is not None
                 beta = _take(self.coupling, slots, slot_span).view(1, nh, 1, 1)
@@ -566,7 +573,11 @@ class StructuredMultiheadAttention(nn.Module):
                     else key_lengths
                 )
                 w = span_self_attention_weights(
-                    s, lengths.view(batch, 1).expand(-1, nh), kind, self.max_segment_width
+                    s,
+                    lengths.view(batch, 1).expand(-1, nh),
+                    kind,
+                    self.max_segment_width,
+                    self.weights_mode,
                 )
             else:  # projective, non-projective: self-attention over soft parents
                 assert self.root_key is not None and self.root_value is not None
@@ -582,7 +593,11 @@ class StructuredMultiheadAttention(nn.Module):
                 )
                 tree: TreeStructure = "projective" if kind == "projective" else "non-projective"
                 w, share = self_attention_tree_weights(
-                    s, root / math.sqrt(self.head_dim), lengths.view(batch, 1).expand(-1, nh), tree
+                    s,
+                    root / math.sqrt(self.head_dim),
+                    lengths.view(batch, 1).expand(-1, nh),
+                    tree,
+                    self.weights_mode,
                 )
                 value_root = _take(self.root_value, slots, slot_span).view(1, nh, 1, -1)
                 root_terms.append((index, share.unsqueeze(-1) * value_root))  # [B, h, L, d]

@@ -33,11 +33,12 @@ from torch import Tensor
 
 from ..distributions import DependencyCRF, LinearChainCRF
 from ..distributions.base import StructuredDistribution
-from ..names import Structure, TreeStructure
+from ..names import Structure, TreeStructure, WeightKind
 from ..structs.dependency import eisner_marginals
 from ..structs.mean_field import mean_field_marginals
 from ._common import masked_softmax
 from ._spans import span_self_attention_weights
+from ._weights import structured_weights
 
 __all__ = [
     "NORMALIZERS",
@@ -81,12 +82,19 @@ def segmentation_crf(scores: Tensor, lengths: Tensor, transitions: Tensor) -> Li
     return LinearChainCRF(unary, pairwise, lengths.reshape(chains), validate_args=False)
 
 
-def segmentation_weights(scores: Tensor, lengths: Tensor, transitions: Tensor) -> Tensor:
+def segmentation_weights(
+    scores: Tensor, lengths: Tensor, transitions: Tensor, weights: WeightKind = "marginals"
+) -> Tensor:
     """p(z_i = 1), [*, N] (0 beyond each chain's length); arguments as
-    :func:`segmentation_crf`."""
+    :func:`segmentation_crf`; ``weights`` "sparse" / "hard-st": SparseMAP's / the Viterbi
+    path's (straight-through) z_i = 1 instead of the marginals (:mod:`._weights`)."""
+    crf = segmentation_crf(scores, lengths, transitions)
+    if weights == "marginals":
+        node = crf.marginals
+    else:
+        node = structured_weights(crf, weights)
     # contiguous, as bmm is several times slower on a strided matrix
-    marginals = segmentation_crf(scores, lengths, transitions).marginals[..., 1].contiguous()
-    return marginals.reshape(scores.shape)
+    return node[..., 1].contiguous().reshape(scores.shape)
 
 
 def tree_distribution(
@@ -105,24 +113,35 @@ def tree_distribution(
 
 
 def tree_marginals(
-    arc_scores: Tensor, lengths: Tensor, kind: TreeStructure, multiroot: bool = True
+    arc_scores: Tensor,
+    lengths: Tensor,
+    kind: TreeStructure,
+    multiroot: bool = True,
+    weights: WeightKind = "marginals",
 ) -> Tensor:
     """Arc marginals p(h -> m) [*, N', N'] of arc scores [*, N', N'] (ROOT at 0) with
-    lengths [*] (ROOT included); see :func:`tree_distribution`."""
+    lengths [*] (ROOT included); see :func:`tree_distribution`. ``weights`` "sparse" /
+    "hard-st": SparseMAP's arcs / the MAP tree's arcs (straight-through) instead."""
     n = arc_scores.shape[-1]
     flat = arc_scores.reshape(-1, n, n)  # [B', N', N']
     dist = tree_distribution(flat, lengths.reshape(-1), kind, multiroot)
-    return dist.marginals.reshape(arc_scores.shape)  # type: ignore[attr-defined]
+    return structured_weights(dist, weights).reshape(arc_scores.shape)
 
 
 def self_attention_tree_weights(
-    scores: Tensor, root_scores: Tensor, lengths: Tensor, kind: TreeStructure
+    scores: Tensor,
+    root_scores: Tensor,
+    lengths: Tensor,
+    kind: TreeStructure,
+    weights: WeightKind = "marginals",
 ) -> tuple[Tensor, Tensor]:
     """Tree self-attention: scores [*, L, L] (``[m, h]``: query m, key h), ROOT scores [*, L]
     and lengths [*] (words) -> (weights [*, L, L] with weights[m, h] = p(h -> m), ROOT share
-    [*, L] = p(ROOT -> m)). Rows sum to 1 - ROOT share (0 beyond the length)."""
+    [*, L] = p(ROOT -> m)). Rows sum to 1 - ROOT share (0 beyond the length). ``weights``
+    "sparse" / "hard-st": SparseMAP's / the MAP tree's arcs (straight-through) instead of
+    p(h -> m)."""
     length = scores.shape[-1]
-    if kind == "projective":  # one autograd node for the marginals (eisner_marginals)
+    if kind == "projective" and weights == "marginals":  # one autograd node (eisner_marginals)
         lead = scores.shape[:-2]
         arcs = torch.cat([root_scores.unsqueeze(-2), scores.transpose(-1, -2)], -2)
         arcs = arcs.reshape(-1, length + 1, length)  # [B', L+1, L]: arcs[h, m - 1]
@@ -140,7 +159,7 @@ def self_attention_tree_weights(
         arcs = scores.new_zeros(*scores.shape[:-2], length + 1, length + 1)  # [*, L+1, L+1]
         arcs[..., 0, 1:] = root_scores  # ROOT -> m
         arcs[..., 1:, 1:] = scores.transpose(-1, -2)  # arcs[h, m] = S[m, h]
-        marginals = tree_marginals(arcs, lengths + 1, kind)  # [*, L+1, L+1]
+        marginals = tree_marginals(arcs, lengths + 1, kind, weights=weights)  # [*, L+1, L+1]
     return marginals[..., 1:, 1:].transpose(-1, -2), marginals[..., 0, 1:]
 
 

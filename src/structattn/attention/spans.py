@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions import SemiMarkovCRF, TreeCRF
-from ..names import SpanStructure
+from ..names import SpanStructure, WeightKind
 from ._common import SegmentSelection, as_queries, check_memory
 from ._spans import (
     check_structure,
@@ -42,6 +42,7 @@ from ._spans import (
     spans_to_segments,
     widths,
 )
+from ._weights import check_weights, structured_weights
 from .syntactic import BiLSTMArcScorer
 
 __all__ = [
@@ -147,6 +148,9 @@ class SpanAttention(nn.Module):
         max_width: longest segment (``"semi-markov"`` only; None = the memory's length).
         validate_args: check that the mask puts padding at the end (one host
             synchronisation per call; default True); False: no value is read on the host.
+        weights: what ``marginals`` are: ``"marginals"`` (default, mu_q), ``"sparse"``
+            (SparseMAP's: a mix of few structures) or ``"hard-st"`` (the MAP structure's
+            spans forward, the marginals' gradient backward: straight-through).
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` BoolTensor
     [B, N] (True = real; padding at the end, at least one real position). Time O(B Q N^3)
@@ -171,9 +175,11 @@ class SpanAttention(nn.Module):
         representation: SpanRepresentation = "endpoints",
         max_width: int | None = None,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
         check_structure(structure, max_width)
+        self.weights_mode = check_weights(weights)  # marginals, SparseMAP or hard-st
         self.structure: SpanStructure = structure
         self.max_width = max_width
         self.validate_args = validate_args
@@ -203,7 +209,11 @@ class SpanAttention(nn.Module):
         scores = self.scorer(query3, memory)  # [B, Q, N, N]
         batch, queries = query3.shape[:2]
         marginals = span_marginals(
-            scores, lengths.view(batch, 1).expand(batch, queries), self.structure, self.max_width
+            scores,
+            lengths.view(batch, 1).expand(batch, queries),
+            self.structure,
+            self.max_width,
+            self.weights_mode,
         )
         weights = span_coverage(marginals)  # [B, Q, N]
         if self.representation == "mean":
@@ -248,6 +258,8 @@ class SpanSelfAttention(nn.Module):
         structure, max_width: as above; scorer_layers: stacked biLSTM layers.
         validate_args: check that the mask puts padding at the end (one host
             synchronisation per call; default True); False: no value is read on the host.
+        weights: ``"marginals"`` (default), ``"sparse"`` (SparseMAP) or ``"hard-st"`` (the
+            MAP structure, straight-through), as :class:`SpanAttention`.
 
     Forward: ``x`` [B, N, D], ``mask`` BoolTensor [B, N] (True = real, padding at the end).
 
@@ -266,9 +278,11 @@ class SpanSelfAttention(nn.Module):
         max_width: int | None = None,
         scorer_layers: int = 1,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
         check_structure(structure, max_width)
+        self.weights_mode = check_weights(weights)  # marginals, SparseMAP or hard-st
         self.structure: SpanStructure = structure
         self.max_width = max_width
         self.validate_args = validate_args
@@ -296,7 +310,9 @@ class SpanSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> SpanSelfAttentionOutput:
         x, lengths, span_scores = self._prepare(x, mask)
-        marginals = span_marginals(span_scores, lengths, self.structure, self.max_width)
+        marginals = span_marginals(
+            span_scores, lengths, self.structure, self.max_width, self.weights_mode
+        )
         weights = span_membership(marginals)  # [B, N, N]
         context = torch.bmm(weights, x)  # [B, N, D]
         return SpanSelfAttentionOutput(context, weights, marginals, span_scores)
@@ -332,6 +348,8 @@ class SemiMarkovSegmentationAttention(nn.Module, SegmentSelection):
         normalize, lam, penalty: as :class:`SegmentationAttention` (penalty: L2 on b).
         validate_args: check that the mask puts padding at the end (one host
             synchronisation per call; default True); False: no value is read on the host.
+        weights: ``"marginals"`` (default), ``"sparse"`` or ``"hard-st"``, as
+            :class:`SpanAttention`.
 
     Forward: ``query`` [B, Dq] or [B, Q, Dq], ``memory`` [B, N, Dm], ``mask`` [B, N]
     (prefix), ``values`` [B, N, Dv] (default memory) -> :class:`SpanAttentionOutput` with
@@ -355,10 +373,12 @@ class SemiMarkovSegmentationAttention(nn.Module, SegmentSelection):
         lam: float = 2.0,
         penalty: float = 0.005,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
         check_structure("semi-markov", max_width)
         self.validate_args = validate_args
+        self.weights_mode = check_weights(weights)  # marginals, SparseMAP or hard-st
         self.memory_dim = memory_dim
         self.query_dim = query_dim or memory_dim
         self.max_width = max_width
@@ -403,7 +423,8 @@ class SemiMarkovSegmentationAttention(nn.Module, SegmentSelection):
         memory = memory.masked_fill(~mask.unsqueeze(-1), 0.0)
         values = values.masked_fill(~mask.unsqueeze(-1), 0.0)
         scores = self.scorer(query3, memory)  # [B, Q, N, N]
-        segment_marginals = self.crf(scores, lengths).marginals[..., 1]  # [B', N, K]
+        crf = self.crf(scores, lengths)
+        segment_marginals = structured_weights(crf, self.weights_mode)[..., 1]  # [B', N, K]
         marginals = segments_to_spans(segment_marginals).view(scores.shape)  # [B, Q, N, N]
         # p_k = sum of the selected segments [i, j] with i <= k <= j
         weights = corner_sums(marginals.triu()).diagonal(dim1=-2, dim2=-1)  # [B, Q, N]

@@ -10,8 +10,9 @@ from torch import Tensor, nn
 
 from .._validation import check_mask, prefix_lengths
 from ..distributions.base import StructuredDistribution
-from ..names import ARC_STRUCTURES, ArcStructure
+from ..names import ARC_STRUCTURES, ArcStructure, WeightKind
 from ._common import check_memory, masked_softmax, refuse_scripting
+from ._weights import check_weights, structured_weights
 from .normalizers import tree_distribution
 
 __all__ = ["BiLSTMArcScorer", "SyntacticAttention", "SyntacticAttentionOutput"]
@@ -115,6 +116,10 @@ class SyntacticAttention(nn.Module):
         multiroot: allow several children of ROOT (trees only).
         validate_args: check that the mask puts padding at the end (one host
             synchronisation per call; default True); False skips it.
+        scorer_layers: stacked biLSTM layers of the scorer.
+        weights: what ``marginals`` are (trees only): ``"marginals"`` (default, p(z_ij = 1)),
+            ``"sparse"`` (SparseMAP's arcs: a mix of few trees) or ``"hard-st"`` (the MAP
+            tree's arcs forward, the marginals' gradient backward: straight-through).
 
     Forward: ``x`` [B, N, D], ``mask`` BoolTensor [B, N] (True = real; padding at the end).
 
@@ -138,10 +143,14 @@ class SyntacticAttention(nn.Module):
         multiroot: bool = True,
         scorer_layers: int = 1,
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
         if structure not in STRUCTURES:
             raise ValueError(f"`structure` must be one of {STRUCTURES}, got {structure!r}")
+        self.weights_mode = check_weights(weights)  # what the layer takes of its tree CRF
+        if structure == "softmax" and weights != "marginals":
+            raise ValueError(f"`weights={weights!r}` needs a tree structure, got 'softmax'")
         self.structure: ArcStructure = structure
         self.prepend_root = prepend_root
         self.return_children = children
@@ -177,7 +186,10 @@ class SyntacticAttention(nn.Module):
 
     def _marginals(self, arc_scores: Tensor, lengths: Tensor) -> Tensor:
         if self.structure != "softmax":
-            return self.distribution(arc_scores, lengths).marginals  # type: ignore[attr-defined]
+            dist = self.distribution(arc_scores, lengths)
+            if self.weights_mode == "marginals":
+                return dist.marginals  # type: ignore[attr-defined]
+            return structured_weights(dist, self.weights_mode)
         n = arc_scores.shape[-1]
         real = torch.arange(n, device=arc_scores.device) < lengths.unsqueeze(-1)  # [B, N']
         allowed = real.unsqueeze(-1) & real.unsqueeze(1)  # heads and modifiers real

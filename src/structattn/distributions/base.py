@@ -27,13 +27,16 @@ import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import torch
 from torch import Tensor
 
 from .._validation import is_transformed
 from ..semirings import LogSemiring, MaxSemiring, SampleSemiring, Semiring
+
+if TYPE_CHECKING:
+    from .sparsemap import SparseMAPResult
 
 __all__ = ["StructuredDistribution", "cached_property"]
 
@@ -94,8 +97,36 @@ def _eager(fn: _F) -> _F:
     return cast(_F, call)
 
 
+def check_temperature(temperature: object) -> float:
+    """``temperature`` as a float, ValueError unless it is a finite positive number."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+    if not temperature > 0 or math.isinf(temperature):
+        raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+    return float(temperature)
+
+
+def tempered_inputs(temperature: float, *potentials: Tensor) -> tuple[Tensor, ...]:
+    """The potentials divided by ``temperature``; at temperature 1 the very same tensors (no
+    division, so the untempered distribution is bit-for-bit unchanged)."""
+    if temperature == 1.0:
+        return potentials
+    return tuple(p / temperature for p in potentials)
+
+
 class StructuredDistribution:
-    """Base class: a batch of Gibbs distributions over structures, p(z) ∝ exp(score(z))."""
+    """Base class: a batch of Gibbs distributions over structures, p(z) ∝ exp(score(z)).
+
+    Every distribution with a tempered form takes ``temperature=t`` (keyword, default 1) in
+    its constructor: the distribution p_t(z) ∝ exp(score(z) / t), every potential divided by
+    t before anything is computed, so ``log_partition`` is log Z(s / t), ``marginals`` the
+    tempered marginals (t -> 0: the MAP indicators) and ``t * log_partition`` the
+    entropy-smoothed max (:meth:`smoothed_max`). ``Cls(s, temperature=t)`` is the same
+    distribution as ``Cls(s).tempered(t)``.
+    """
+
+    #: the temperature t the given potentials were divided by (1: the plain distribution)
+    temperature: float = 1.0
 
     #: whether the part scores are positively homogeneous in the raw potentials (dividing
     #: the potentials by t divides every structure's score by t): what ``tempered`` needs
@@ -442,17 +473,16 @@ class StructuredDistribution:
         ``t * tempered(t).log_partition`` is the entropy-smoothed max (:meth:`smoothed_max`)
         and ``tempered(t).marginals`` its gradient: differentiable, dense relaxations of
         ``max_score`` and ``argmax`` for structured attention."""
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
-        if not temperature > 0 or math.isinf(temperature):
-            raise ValueError(f"`temperature` must be a positive float, got {temperature!r}")
+        temperature = check_temperature(temperature)
         if not self._homogeneous_parts:
             raise NotImplementedError(
                 f"{type(self).__name__} has no tempered form: its part scores are not "
                 "proportional to its potentials (dividing the potentials by t does not divide "
                 "every structure's score by t)"
             )
-        return self._with_raw(*(t / temperature for t in self._raw))
+        new = self._with_raw(*(t / temperature for t in self._raw))
+        new.temperature = self.temperature * temperature
+        return new
 
     def smoothed_max(self, temperature: float) -> Tensor:
         """Entropy-smoothed max t log Σ_z exp(score(z) / t) = max over distributions q of
@@ -486,6 +516,41 @@ class StructuredDistribution:
             hard = perturbed._indicators(perturbed.argmax).to(soft.dtype)
             draws.append(hard + (soft - soft.detach()))  # exactly 0/1 forward
         return torch.stack(draws)
+
+    # ---- SparseMAP (#41.7) ---------------------------------------------------------------
+    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """0/1 indicators of the MAP structure of each item under the part scores ``parts``
+        (the shapes of :meth:`_parts`; 0 everywhere for an item with none), detached: the
+        gradient of the max-plus inside pass (ties: as ``_map``). Subclasses with their own
+        MAP algorithm override it. The oracle of :meth:`sparsemap`."""
+        with torch.inference_mode(False), torch.enable_grad():
+            leaves = tuple(_fresh_leaf(p) for p in parts)
+            value = self._inside(MaxSemiring, leaves, self.lengths)
+            grads = torch.autograd.grad(value.sum(), leaves, materialize_grads=True)
+        none = torch.isneginf(value.detach())  # [B]: no structure (no meaningful gradient)
+        return tuple(
+            g.detach().masked_fill(none.view(-1, *([1] * (g.dim() - 1))), 0.0) for g in grads
+        )
+
+    def sparsemap(self, max_iter: int = 50, tol: float = 1e-6) -> SparseMAPResult:
+        """SparseMAP marginals (Niculae et al. 2018): the scores projected onto the marginal
+        polytope, a sparse convex combination of few structures, by the active-set algorithm
+        with this distribution's MAP pass as oracle; differentiable (closed-form backward).
+        Returns a :class:`~structattn.distributions.sparsemap.SparseMAPResult` (``.marginals``
+        has the shape of ``marginals``); see :func:`~structattn.distributions.sparsemap
+        .sparsemap` for the arguments."""
+        from .sparsemap import sparsemap  # a function-level import: sparsemap types this one
+
+        return sparsemap(self, max_iter, tol)
+
+    def straight_through(self) -> Tensor:
+        """The MAP structure (``argmax``) as 0/1 indicators of the shape of ``marginals``
+        in the forward pass, with the gradient of ``marginals`` in the backward pass (the
+        straight-through estimator, ``hard + (soft - soft.detach())``: exactly 0/1 forward).
+        Unlabelled structures (labelled trees: use the arc scores)."""
+        soft = self.marginals  # type: ignore[attr-defined]
+        hard = self._indicators(self.argmax).to(soft.dtype)
+        return hard + (soft - soft.detach())
 
     def _indicators(self, value: Tensor) -> Tensor:
         """0/1 indicators of the shape of ``marginals`` for structures ``value`` in the

@@ -16,7 +16,7 @@ from ..structs.constituency import (
     span_mask,
 )
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
-from .base import StructuredDistribution, cached_property
+from .base import StructuredDistribution, cached_property, check_temperature, tempered_inputs
 
 __all__ = ["TreeCRF"]
 
@@ -62,8 +62,14 @@ class TreeCRF(StructuredDistribution):
     """
 
     def __init__(
-        self, span_scores: Tensor, lengths: Tensor | None = None, validate_args: bool = True
+        self,
+        span_scores: Tensor,
+        lengths: Tensor | None = None,
+        validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
+        self.temperature = check_temperature(temperature)
         if isinstance(span_scores, Tensor):  # under autocast: inference in float32
             (span_scores,) = autocast_widened(span_scores)
         if validate_args:
@@ -78,6 +84,7 @@ class TreeCRF(StructuredDistribution):
             lengths = check_lengths(lengths, batch, 1, size, span_scores.device)
             read = span_mask(lengths, batch, size, span_scores.device)
             check_read_entries("span_scores", span_scores, read)
+        (span_scores,) = tempered_inputs(self.temperature, span_scores)
         self.span_scores = span_scores
         self.lengths = lengths
         self.labelled = span_scores.dim() == 4

@@ -26,7 +26,7 @@ from ..structs.dependency import (
 )
 from ..structs.kbest_trees import eisner_kbest, label_kbest
 from ..trees import crossing_free, is_projective, is_tree, projectivize
-from .base import StructuredDistribution, cached_property
+from .base import StructuredDistribution, cached_property, check_temperature, tempered_inputs
 
 # is_projective and projectivize live in structattn.trees (no dynamic program); re-exported here
 __all__ = ["DependencyCRF", "LabelledHeads", "TreeCRFBase", "is_projective", "projectivize"]
@@ -67,7 +67,10 @@ class TreeCRFBase(StructuredDistribution):
         lengths: Tensor | None = None,
         multiroot: bool = True,
         validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
+        self.temperature = check_temperature(temperature)
         (arc_scores,) = autocast_widened(arc_scores)  # under autocast: inference in float32
         labelled = isinstance(arc_scores, Tensor) and arc_scores.dim() == 4
         if validate_args:
@@ -79,6 +82,7 @@ class TreeCRFBase(StructuredDistribution):
                     f"N >= 2 (position 0 is ROOT) and L >= 1, got {tuple(arc_scores.shape)}"
                 )
             lengths = check_lengths(lengths, batch, 2, size, arc_scores.device)
+        (arc_scores,) = tempered_inputs(self.temperature, arc_scores)  # labels too (#41.7)
         #: labelled scores [B, N, N, L] as given (None for unlabelled trees)
         self.label_scores: Tensor | None = arc_scores if labelled else None
         if labelled:  # the labels summed out first: one tree pass, not L
@@ -117,6 +121,18 @@ class TreeCRFBase(StructuredDistribution):
 
     def _valid(self, heads: Tensor) -> Tensor:
         return is_tree(heads, self._lengths_full, self.multiroot)
+
+    def tempered(self, temperature: float) -> StructuredDistribution:
+        """As :meth:`StructuredDistribution.tempered`; labelled trees divide the label
+        scores by t (their logsumexp over the labels is not homogeneous in them)."""
+        if self.label_scores is None:
+            return super().tempered(temperature)
+        t = check_temperature(temperature)
+        new = type(self)(
+            self.label_scores, self.lengths, self.multiroot, validate_args=False, temperature=t
+        )
+        new.temperature = self.temperature * t
+        return new
 
     def _score(self, value: Tensor | tuple[Tensor, Tensor]) -> Tensor:
         mask = self.mask.clone()

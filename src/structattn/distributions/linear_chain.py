@@ -15,7 +15,7 @@ from ..structs.linear_chain import (
     chain_marginals,
     chain_score,
 )
-from .base import StructuredDistribution, cached_property
+from .base import StructuredDistribution, cached_property, check_temperature, tempered_inputs
 
 __all__ = ["LinearChainCRF"]
 
@@ -54,7 +54,10 @@ class LinearChainCRF(StructuredDistribution):
         validate_args: bool = True,
         start_transitions: Tensor | None = None,
         end_transitions: Tensor | None = None,
+        *,
+        temperature: float = 1.0,
     ) -> None:
+        self.temperature = check_temperature(temperature)
         ends = [t for t in (start_transitions, end_transitions) if t is not None]
         if pairwise is not None:  # under autocast: inference in float32
             unary, pairwise, *ends = autocast_widened(unary, pairwise, *ends)
@@ -87,6 +90,12 @@ class LinearChainCRF(StructuredDistribution):
             ):
                 if t is not None:
                     _check_end_scores(name, t, unary)
+        if self.temperature != 1.0:  # every potential divided by t (#41.7)
+            unary, pairwise = tempered_inputs(self.temperature, unary, pairwise)
+            if start_transitions is not None:
+                (start_transitions,) = tempered_inputs(self.temperature, start_transitions)
+            if end_transitions is not None:
+                (end_transitions,) = tempered_inputs(self.temperature, end_transitions)
         self.start_transitions = start_transitions
         self.end_transitions = end_transitions
         if start_transitions is not None or end_transitions is not None:

@@ -138,6 +138,11 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
             return heads
         return self._sample_labels(heads)  # type: ignore[return-value]
 
+    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        # Chu-Liu-Edmonds: no max-plus inside pass for non-projective trees
+        heads = chu_liu_edmonds(parts[0].detach(), self.lengths, self.multiroot)
+        return (self._indicators(heads).to(parts[0].dtype),)
+
     def _kbest_heads(self, k: int) -> Tensor:
         (arcs,) = self._parts(self.arc_scores.detach())
         return arborescence_kbest(arcs, self.lengths, self.multiroot, k)

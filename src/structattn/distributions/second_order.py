@@ -11,8 +11,9 @@ from .._precision import autocast_widened
 from .._validation import check_potentials
 from ..semirings import Semiring
 from ..structs.dependency import tree_score
-from ..structs.second_order import second_order_inside, sibling_score
+from ..structs.second_order import second_order_inside, second_order_kbest, sibling_score
 from ..trees import crossing_free
+from .base import tempered_inputs
 from .dependency import TreeCRFBase
 
 __all__ = ["SecondOrderDependencyCRF"]
@@ -55,7 +56,7 @@ class SecondOrderDependencyCRF(TreeCRFBase):
     ``sample(n)`` and ``log_prob(heads)`` (heads LongTensor [B, N], ``-1`` at ROOT and
     padding), all from one inside pass (:func:`structattn.structs.second_order
     .second_order_inside`) and autograd. Time O(B N^3), N sequential steps; memory
-    O(B N^3) (the sibling scores and their gradient). No ``topk``.
+    O(B N^3) (the sibling scores and their gradient). ``topk(k)``: the exact k best trees.
 
     Example:
         >>> arcs, sibs = torch.randn(2, 6, 6), torch.randn(2, 6, 6, 6)
@@ -73,11 +74,13 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         lengths: Tensor | None = None,
         multiroot: bool = True,
         validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
         if validate_args:
             check_potentials("arc_scores", arc_scores, rank=3)
         arc_scores, sibling_scores = autocast_widened(arc_scores, sibling_scores)
-        super().__init__(arc_scores, lengths, multiroot, validate_args)
+        super().__init__(arc_scores, lengths, multiroot, validate_args, temperature=temperature)
         if validate_args:
             check_potentials("sibling_scores", sibling_scores, rank=4)
             size = arc_scores.shape[-1]
@@ -90,6 +93,7 @@ class SecondOrderDependencyCRF(TreeCRFBase):
                 raise ValueError("`sibling_scores` must have the dtype of `arc_scores`")
             if sibling_scores.device != arc_scores.device:
                 raise ValueError("`sibling_scores` must be on the device of `arc_scores`")
+        (sibling_scores,) = tempered_inputs(self.temperature, sibling_scores)
         self.sibling_scores = sibling_scores
         self._raw = (self.arc_scores, sibling_scores)
 
@@ -134,5 +138,17 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         return self._marginals_tuple[1]
 
     def topk(self, k: int) -> tuple[Tensor, Tensor]:
-        """Not available for second-order trees (no k-best second-order pass yet)."""
-        raise NotImplementedError("SecondOrderDependencyCRF has no topk")
+        """The k best trees, exactly, best first: (scores [k, B], heads LongTensor [k, B, N])
+        by second-order Eisner in the k-best semiring
+        (:func:`structattn.structs.second_order.second_order_kbest`). Rank 0 is ``argmax``
+        (ties: moved first). Missing ranks (fewer than k trees of finite score): ``-inf``
+        and ``-1``. The scores are recomputed from the potentials, so their gradient is the
+        trees' arc and sibling indicators."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"`k` must be a positive int, got {k!r}")
+        with torch.no_grad():
+            arcs, sibs = self._parts(self.arc_scores.detach(), self.sibling_scores.detach())
+            heads = second_order_kbest(arcs, sibs, self.lengths, k)  # [k, B, N]
+        score = torch.stack([self._tree_score(h) for h in heads])  # [k, B]
+        score = score.masked_fill(heads[..., 1] < 0, float("-inf"))
+        return self._argmax_first(score, heads, self.argmax)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
@@ -17,7 +15,7 @@ from ..structs.semi_markov import (
     semi_markov_marginals,
 )
 from ._spans import check_indicators, check_inside, check_read_entries, check_tensor
-from .base import StructuredDistribution
+from .base import StructuredDistribution, cached_property, check_temperature, tempered_inputs
 
 __all__ = ["SemiMarkovCRF"]
 
@@ -70,7 +68,10 @@ class SemiMarkovCRF(StructuredDistribution):
         transitions: Tensor | None = None,
         lengths: Tensor | None = None,
         validate_args: bool = True,
+        *,
+        temperature: float = 1.0,
     ) -> None:
+        self.temperature = check_temperature(temperature)
         if isinstance(segment_scores, Tensor):  # under autocast: inference in float32
             (segment_scores,) = autocast_widened(segment_scores)
         if isinstance(transitions, Tensor):
@@ -102,6 +103,7 @@ class SemiMarkovCRF(StructuredDistribution):
             lengths = check_lengths(lengths, batch, 1, size, segment_scores.device)
             read = segment_mask(lengths, batch, size, width, segment_scores.device)
             check_read_entries("segment_scores", segment_scores, read)
+        segment_scores, transitions = tempered_inputs(self.temperature, segment_scores, transitions)
         self.segment_scores = segment_scores
         self.transitions = transitions
         self.lengths = lengths

@@ -31,8 +31,9 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import Semiring
 from .dependency import _arcs_by_width
+from .kbest_trees import _EXACT_BITS, _indicators_to_heads, _rank_pairs, _top
 
-__all__ = ["second_order_inside", "sibling_score"]
+__all__ = ["second_order_inside", "second_order_kbest", "sibling_score"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,3 +147,91 @@ def sibling_score(sibling_scores: Tensor, heads: Tensor, words: Tensor) -> Tenso
     index = (heads.clamp_min(0) * size + position) * size + inner.clamp_min(0)  # (h, m, s)
     picked = sibling_scores.reshape(batch, size**3).gather(1, index)
     return picked.masked_fill(~has, 0.0).sum(-1)
+
+
+def _pair_sums(a: Tensor, b: Tensor) -> Tensor:
+    """Sums of the sorted k-lists ``a``, ``b`` [..., J, K] over the rank pairs that can be
+    among the k best, [..., J, P] (ordered by (rank in a, rank in b))."""
+    first, second = _rank_pairs(a.shape[-1], a.device)
+    return a.index_select(-1, first) + b.index_select(-1, second)
+
+
+def _second_order_kbest_scores(
+    arc_scores: Tensor, sibling_scores: Tensor, last: Tensor, k: int
+) -> Tensor:
+    """The k best scores [B, K] of :func:`second_order_inside`'s charts in the k-best
+    semiring (a sorted k-list in every cell; differentiable by autograd: the gradient of rank
+    r is the r-th tree's arc and sibling indicators). Stripes as there, with a last K
+    dimension: comp_s / comp_e [B, 2, n, w, K], inc_s / inc_e / sib_s / sib_e [B, n, w, K]."""
+    batch, size, _ = arc_scores.shape
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]
+    sibs = _siblings_by_width(sibling_scores)  # per width >= 2 [B, 2, n, w-1]
+    unit = arc_scores.new_full((k,), float("-inf"))
+    unit[0] = 0.0  # a complete span of width 0: one derivation, score 0
+    comp_s = unit.expand(batch, 2, size - 1, 1, k)
+    comp_e = comp_s
+    empty = arc_scores.new_zeros(batch, size, 0, k)
+    inc_s = inc_e = sib_s = sib_e = empty
+    tops = []
+    for w in range(1, size):
+        n = size - w
+        # S(s, t) = ⊕_j C_R(s, s+j) ⊗ C_L(s+j+1, t)                                  [B, n, K]
+        sib_new = _top(_pair_sums(comp_s[:, 1], comp_e[:, 0]).flatten(-2), k)
+        # first children: I(s -> t) from C_L(s+1, t), I(t -> s) from C_R(s, t-1) [B, 2, n, 1, K]
+        first = torch.stack([comp_e[:, 0, :, 0], comp_s[:, 1, :, w - 1]], 1).unsqueeze(3)
+        if w == 1:
+            inc = first.squeeze(3) + arcs[w].unsqueeze(-1)
+        else:
+            # inner sibling r = s+1+j: I(s -> r) ⊗ S(r, t) + sib(s, t, r) and
+            # S(s, r) ⊗ I(t -> r) + sib(t, s, r)                            [B, 2, n, w-1, P]
+            right = _pair_sums(inc_s[:, :n], sib_e[:, 1:])
+            left = _pair_sums(sib_s[:, :n], inc_e[:, 1:])
+            terms = (torch.stack([right, left], 1) + sibs[w].unsqueeze(-1)).flatten(-2)
+            inc = _top(torch.cat([first.flatten(-2), terms], -1), k) + arcs[w].unsqueeze(-1)
+        inc_s = torch.cat([inc_s[:, :n], inc[:, 0, :, None]], 2)
+        inc_e = torch.cat([inc[:, 1, :, None], inc_e[:, 1:]], 2)
+        sib_s = torch.cat([sib_s[:, :n], sib_new[:, :, None]], 2)
+        sib_e = torch.cat([sib_new[:, :, None], sib_e[:, 1:]], 2)
+        # C_L(s, t) = ⊕_j C_L(s, s+j) ⊗ I(t -> s+j); C_R(s, t) = ⊕_j I(s -> s+1+j) ⊗ C_R(.., t)
+        left_c = _top(_pair_sums(comp_s[:, 0], inc_e).flatten(-2), k)
+        right_c = _top(_pair_sums(inc_s, comp_e[:, 1]).flatten(-2), k)
+        comp = torch.stack([left_c, right_c], 1)  # [B, 2, n, K]
+        tops.append(comp[:, 1, :1])  # [B, 1, K]: C_R(0, w)
+        if w < size - 1:
+            comp_s = torch.cat([comp_s[:, :, : n - 1], comp[:, :, : n - 1, None]], 3)
+            comp_e = torch.cat([comp[:, :, 1:, None], comp_e[:, :, 1:]], 3)
+    top = torch.cat(tops, 1)  # [B, N-1, K]
+    return top.gather(1, (last - 1).view(-1, 1, 1).expand(-1, 1, k)).squeeze(1)
+
+
+@full_precision
+def second_order_kbest(
+    arc_scores: Tensor, sibling_scores: Tensor, lengths: Tensor | None, k: int
+) -> Tensor:
+    """Heads LongTensor [k, B, N] of the k best projective trees under arc + adjacent-sibling
+    scores, best first; exact (second-order Eisner in the k-best semiring: every projective
+    tree has one derivation, so the k best derivations are k distinct trees). Arguments as
+    :func:`second_order_inside` (``-inf`` in column 0 and on the diagonal; single root:
+    ``sibling_scores[:, 0] = -inf``). The trees are read off the arc gradient of the k
+    scores seeded with 2^r (as :func:`structattn.structs.kbest_trees.eisner_kbest`). Ranks
+    with no tree are ``-1`` everywhere. Time O(B N^3 k log k log(N k)), memory
+    O(B N^3 k log k)."""
+    batch, size, _ = arc_scores.shape
+    last = last_index(lengths, batch, size, arc_scores.device)
+    with torch.inference_mode(False), torch.enable_grad():
+        leaf = arc_scores.detach().clone().requires_grad_(True)
+        top = _second_order_kbest_scores(leaf, sibling_scores.detach(), last, k)  # [B, K]
+        if k <= _EXACT_BITS.get(top.dtype, 0):
+            seed = 2.0 ** torch.arange(k, dtype=top.dtype, device=top.device)
+            (grad,) = torch.autograd.grad(top, leaf, seed.expand(batch, k))
+            bits = grad.detach().round().long()  # [B, N, N]
+            rank = torch.arange(k, device=bits.device).view(-1, 1, 1, 1)
+            grads = ((bits.unsqueeze(0) >> rank) & 1).to(top.dtype)
+        else:  # one backward pass per rank
+            grads = torch.stack(
+                [
+                    torch.autograd.grad(top[:, r].sum(), leaf, retain_graph=r < k - 1)[0]
+                    for r in range(k)
+                ]
+            )
+    return _indicators_to_heads(grads.detach(), torch.isneginf(top.detach()).t())
