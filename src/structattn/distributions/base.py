@@ -52,7 +52,7 @@ class cached_property(Generic[_T]):  # noqa: N801 (named as functools' one it re
     computes (3.12 dropped the lock for the same reason)."""
 
     def __init__(self, fn: Callable[[Any], _T]) -> None:
-        self.fn = fn
+        self.func = fn  # functools.cached_property's name for it
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
 
@@ -69,7 +69,7 @@ class cached_property(Generic[_T]):  # noqa: N801 (named as functools' one it re
         cache = instance.__dict__
         if self.name in cache:
             return cache[self.name]
-        value = cache[self.name] = self.fn(instance)
+        value = cache[self.name] = self.func(instance)
         return value
 
 
