@@ -1,6 +1,8 @@
 """PyTorch 2 features over every distribution (issue 38 items 2-5): torch.func transforms
-(grad, jacrev, hessian, vmap) against plain autograd, no host reads with validation off,
-meta tensors, and a clear refusal (never a wrong model) where export cannot be right."""
+(grad, jacrev, hessian, vmap) against plain autograd, no host reads with validation off
+(distributions and layers), meta tensors, torch.compile(fullgraph=True) and torch.export
+through the custom operators, and a clear refusal (never a wrong model) where a trace
+cannot be right."""
 
 from __future__ import annotations
 
@@ -403,6 +405,20 @@ def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     # new padding: the mask is an input of the graph
     x, padding = _inputs([2, 4], 1)
     torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+
+
+def test_compile_dynamic_shapes() -> None:
+    """``dynamic=True`` (symbolic shapes through the operators' fake implementations): other
+    batch sizes, lengths and padding give the eager result."""
+    model, loss = _layer_loss("projective")
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
+    for lengths, seed in (([5, 3], 0), ([4, 2, 5], 1)):
+        x, padding = _inputs(lengths, seed)
+        torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+    longer = torch.randn(2, 7, 8)
+    padding = torch.arange(7) >= torch.tensor([7, 4]).unsqueeze(-1)
+    torch.testing.assert_close(compiled(longer, padding), loss(longer, padding))
 
 
 def test_compile_inductor_layer() -> None:
