@@ -454,6 +454,8 @@ def test_custom_ops_opcheck_and_derivatives(name: str) -> None:
     lengths = torch.tensor([4, 3])
     for op in (logz, marginals):
         torch.library.opcheck(op, (x.clone().requires_grad_(True), lengths, True))
+    hvp = getattr(ops, f"{name}_hvp")  # no registered backward: third order is eager only
+    torch.library.opcheck(hvp, (x, lengths, True, _potentials((2, 4, 4), 1)))
     leaf = x.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda a: logz(a, lengths, True), leaf)
     assert torch.autograd.gradcheck(lambda a: marginals(a, lengths, True), leaf)
@@ -469,11 +471,16 @@ def test_custom_chain_ops(shared: bool) -> None:
     leaves = (unary.clone().requires_grad_(True), pairwise.clone().requires_grad_(True))
     torch.library.opcheck(ops.chain_log_partition, (*leaves, lengths, "auto"))
     torch.library.opcheck(ops.chain_marginals, (*leaves, lengths, True, "auto"))
+    directions = (_potentials((2, 4, 3), 2), _potentials((2, 3, 3, 3), 3))
+    torch.library.opcheck(ops.chain_hvp, (unary, pairwise, lengths, True, "auto", *directions))
     assert torch.autograd.gradcheck(
         lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
     )
     assert torch.autograd.gradcheck(
         lambda u, p: ops.chain_marginals(u, p, lengths, True, "auto"), leaves
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
     )
 
 
