@@ -407,6 +407,25 @@ def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     torch.testing.assert_close(compiled(x, padding), loss(x, padding))
 
 
+@pytest.mark.parametrize("normalizer", ["projective", "segmentation"])
+def test_compile_fullgraph_under_autocast_and_inference_mode(normalizer: str) -> None:
+    """Under bfloat16 autocast (inference in float32 inside: no graph break) and under
+    ``torch.inference_mode``, compiled whole, with the eager result."""
+    model, loss = _layer_loss(normalizer)
+    x, padding = _inputs([5, 3], 0)
+
+    def autocast_loss(x: Tensor, padding: Tensor) -> Tensor:
+        with torch.autocast("cpu", torch.bfloat16):
+            return loss(x, padding).float()
+
+    assert _graph_breaks(autocast_loss, x, padding) == []
+    compiled = torch.compile(autocast_loss, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, padding), autocast_loss(x, padding))
+    with torch.inference_mode():
+        compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+
+
 def test_compile_dynamic_shapes() -> None:
     """``dynamic=True`` (symbolic shapes through the operators' fake implementations): other
     batch sizes, lengths and padding give the eager result."""
