@@ -1,6 +1,8 @@
 """PyTorch 2 features over every distribution (issue 38 items 2-5): torch.func transforms
-(grad, jacrev, hessian, vmap) against plain autograd, no host reads with validation off,
-meta tensors, and a clear refusal (never a wrong model) where export cannot be right."""
+(grad, jacrev, hessian, vmap) against plain autograd, no host reads with validation off
+(distributions and layers), meta tensors, torch.compile(fullgraph=True) and torch.export
+through the custom operators, and a clear refusal (never a wrong model) where a trace
+cannot be right."""
 
 from __future__ import annotations
 
@@ -405,6 +407,39 @@ def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     torch.testing.assert_close(compiled(x, padding), loss(x, padding))
 
 
+@pytest.mark.parametrize("normalizer", ["projective", "segmentation"])
+def test_compile_fullgraph_under_autocast_and_inference_mode(normalizer: str) -> None:
+    """Under bfloat16 autocast (inference in float32 inside: no graph break) and under
+    ``torch.inference_mode``, compiled whole, with the eager result."""
+    model, loss = _layer_loss(normalizer)
+    x, padding = _inputs([5, 3], 0)
+
+    def autocast_loss(x: Tensor, padding: Tensor) -> Tensor:
+        with torch.autocast("cpu", torch.bfloat16):
+            return loss(x, padding).float()
+
+    assert _graph_breaks(autocast_loss, x, padding) == []
+    compiled = torch.compile(autocast_loss, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, padding), autocast_loss(x, padding))
+    with torch.inference_mode():
+        compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+
+
+def test_compile_dynamic_shapes() -> None:
+    """``dynamic=True`` (symbolic shapes through the operators' fake implementations): other
+    batch sizes, lengths and padding give the eager result."""
+    model, loss = _layer_loss("projective")
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
+    for lengths, seed in (([5, 3], 0), ([4, 2, 5], 1)):
+        x, padding = _inputs(lengths, seed)
+        torch.testing.assert_close(compiled(x, padding), loss(x, padding))
+    longer = torch.randn(2, 7, 8)
+    padding = torch.arange(7) >= torch.tensor([7, 4]).unsqueeze(-1)
+    torch.testing.assert_close(compiled(longer, padding), loss(longer, padding))
+
+
 def test_compile_inductor_layer() -> None:
     """One compile by inductor (the default backend): a projective head, forward and
     backward, equal to eager."""
@@ -438,6 +473,8 @@ def test_custom_ops_opcheck_and_derivatives(name: str) -> None:
     lengths = torch.tensor([4, 3])
     for op in (logz, marginals):
         torch.library.opcheck(op, (x.clone().requires_grad_(True), lengths, True))
+    hvp = getattr(ops, f"{name}_hvp")  # no registered backward: third order is eager only
+    torch.library.opcheck(hvp, (x, lengths, True, _potentials((2, 4, 4), 1)))
     leaf = x.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda a: logz(a, lengths, True), leaf)
     assert torch.autograd.gradcheck(lambda a: marginals(a, lengths, True), leaf)
@@ -453,11 +490,16 @@ def test_custom_chain_ops(shared: bool) -> None:
     leaves = (unary.clone().requires_grad_(True), pairwise.clone().requires_grad_(True))
     torch.library.opcheck(ops.chain_log_partition, (*leaves, lengths, "auto"))
     torch.library.opcheck(ops.chain_marginals, (*leaves, lengths, True, "auto"))
+    directions = (_potentials((2, 4, 3), 2), _potentials((2, 3, 3, 3), 3))
+    torch.library.opcheck(ops.chain_hvp, (unary, pairwise, lengths, True, "auto", *directions))
     assert torch.autograd.gradcheck(
         lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
     )
     assert torch.autograd.gradcheck(
         lambda u, p: ops.chain_marginals(u, p, lengths, True, "auto"), leaves
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
     )
 
 

@@ -181,7 +181,9 @@ class StructuredDistribution:
 
     # Marginals are gradients taken inside the forward pass and differentiated again by the
     # caller (double backward), which torch.compile's AOTAutograd does not support: the
-    # inference pass runs eagerly and everything around it can still be compiled.
+    # inference pass runs eagerly (a graph break) and everything around it can still be
+    # compiled. Chains, projective and non-projective trees do not come here while tracing:
+    # their log Z and marginals are custom operators (structs/_library.py), traced whole.
     @_eager
     def _inside_with_grad(
         self,

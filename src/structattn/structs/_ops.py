@@ -135,6 +135,7 @@ def refuse_jit_trace(what: str) -> None:
             f"{what} cannot be traced by torch.jit.trace or exported by "
             "torch.onnx.export(dynamo=False): the trace would keep the lengths and masks of "
             "the example inputs as constants and be wrong on new inputs. Use "
-            "torch.export.export (chains, projective trees: README, 'PyTorch features') or "
+            "torch.export.export (chains, projective and non-projective trees: README, "
+            "'PyTorch features') or "
             "keep the module in Python."
         )
