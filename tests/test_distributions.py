@@ -49,6 +49,7 @@ class Case:
     gradient: bool = True
     #: marginals past the first are expected counts (>= 0, not <= 1)
     counts: bool = False
+    brute_n: int = 5  # size of the brute-force tests of test_operations.py
 
 
 # ---- linear chain ------------------------------------------------------------------------
@@ -95,6 +96,7 @@ CHAIN = Case(
     marginals=lambda d: (d.marginals, d.edge_marginals),  # type: ignore[attr-defined]
     count=lambda n: C**n,
     crop=lambda p, b, n: (p[0][b : b + 1, :n], p[1][b : b + 1, : n - 1]),
+    brute_n=4,
 )
 
 
@@ -156,6 +158,7 @@ def _constituency_case(labels: int | None) -> Case:
         marginals=lambda d: (d.marginals,),  # type: ignore[attr-defined]
         count=lambda n: oracles.catalan(n - 1) * (labels or 1) ** (2 * n - 1),
         pad=0,
+        brute_n=5 if labels is None else 4,
     )
 
 

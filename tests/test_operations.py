@@ -2,8 +2,8 @@
 ``max_score`` and k-best scores, tie-breaking, KL divergence and cross-entropy, ``count``,
 ``LinearChainCRF.from_hmm`` and start/end transitions; against brute-force enumeration.
 
-The structures and their enumerators are those of ``test_distributions.py`` (chains,
-projective and non-projective trees) and ``test_span_structures.py`` (constituency trees,
+The structures and their enumerators are the cases of the shared suite,
+``test_distributions.py`` (chains, projective and non-projective trees, constituency trees,
 semi-Markov segmentations, split trees), put behind one small interface here.
 """
 
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import oracles
 import pytest
-import test_distributions as chains_and_trees
-import test_span_structures as spans
+import test_distributions as suite
 import torch
 from torch import Tensor
 
@@ -35,7 +34,7 @@ from structattn.distributions.divergence import TORCH_KL_REGISTERED
 from structattn.structs._extension import kernels, kernels_disabled
 
 Params = tuple[Tensor, ...]
-Support = list[tuple[Params, Tensor]]  # (part indicators of one item, score)
+Support = oracles.Support  # (part indicators of one item, score)
 
 
 @dataclass(frozen=True)
@@ -48,21 +47,14 @@ class Op:
     min_len: int
 
 
-def _from_dist_case(case: chains_and_trees.Case) -> Op:
+def _from_case(case: suite.Case) -> Op:
     def support(item: Params, length: int) -> Support:
         return [(case.indicators(v, item), s) for v, s in case.enumerate(item, length)]
 
-    n = 4 if case.name == "chain" else 5
-    return Op(case.name, case.draw, case.build, support, n, case.min_len)
+    return Op(case.name, case.draw, case.build, support, case.brute_n, case.min_len)
 
 
-def _from_span_case(case: spans.Case) -> Op:
-    return Op(case.name, case.draw, case.build, case.enumerate, case.brute_n, 1)
-
-
-OPS = [_from_dist_case(c) for c in chains_and_trees.CASES] + [
-    _from_span_case(c) for c in spans.CASES
-]
+OPS = [_from_case(c) for c in suite.CASES]
 
 
 @pytest.fixture(params=OPS, ids=[op.name for op in OPS])
@@ -199,7 +191,7 @@ def test_topk_scores_gradient_is_each_structure(structure: str) -> None:
                     assert all(g is None or (g[b] == 0).all() for g in grads)
                     continue
                 z = structures[r, b]
-                node, edge = chains_and_trees._chain_indicators(z, _item(params, b))
+                node, edge = suite._chain_indicators(z, _item(params, b))
                 torch.testing.assert_close(grads[0][b], node)
                 torch.testing.assert_close(grads[1][b], edge)
         else:
@@ -310,7 +302,7 @@ def test_kl_with_forbidden_parts(op: Op) -> None:
     forbid = torch.rand(first.shape, generator=gen) < 0.15
     if op.name == "split-tree":  # finite scores only: no part can be forbidden
         forbid.zero_()
-    if op.name.startswith("tree"):  # words and sentences are in every tree: forbid others
+    if op.name.startswith("constituency"):  # words and sentences are in every tree: forbid others
         index = torch.arange(op.n)
         width2 = (index.unsqueeze(-1) + 1 == index).view(1, op.n, op.n, *[1] * (first.dim() - 3))
         forbid &= width2
