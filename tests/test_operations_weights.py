@@ -28,6 +28,7 @@ from structattn import (
     TreeCRF,
 )
 from structattn.attention import (
+    MemoryCRFAttention,
     SemiMarkovSegmentationAttention,
     SpanAttention,
     SpanSelfAttention,
@@ -43,6 +44,7 @@ from structattn.distributions import SecondOrderDependencyCRF
 from structattn.distributions.base import StructuredDistribution
 from structattn.distributions.dependency import TreeCRFBase
 from structattn.distributions.sparsemap import sparsemap
+from structattn.structs._extension import kernels, kernels_disabled
 
 Op = suite.Op
 Params = suite.Params
@@ -299,6 +301,19 @@ def test_sparsemap_float32_and_no_structure() -> None:
         assert torch.isfinite(grad).all()
 
 
+def test_sparsemap_with_and_without_kernels() -> None:
+    arcs = torch.randn(4, 9, 9, dtype=torch.float64)
+    arcs[2, :, 3] = float("-inf")  # no tree
+    if kernels(arcs) is None:
+        pytest.skip("the C++ kernels are not built (STRUCTATTN_EXTENSION=0)")
+    lengths = torch.tensor([9, 6, 9, 2])
+    for multiroot in (True, False):
+        fast = DependencyCRF(arcs, lengths, multiroot).sparsemap(tol=1e-12)
+        with kernels_disabled():
+            slow = DependencyCRF(arcs, lengths, multiroot).sparsemap(tol=1e-12)
+        torch.testing.assert_close(fast.marginals, slow.marginals)
+
+
 def test_sparsemap_bounded_iterations_and_errors() -> None:
     dist = DependencyCRF(torch.randn(4, 8, 8, dtype=torch.float64))
     once = sparsemap(dist, max_iter=1)
@@ -438,6 +453,10 @@ def _layers(mode: str) -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Mo
             SemiMarkovSegmentationAttention(8, max_width=2, weights=mode),  # type: ignore[arg-type]
             lambda m: m(q, x, mask).context,
         ),
+        "memory-crf": (
+            MemoryCRFAttention(8, steps=3, weights=mode),  # type: ignore[arg-type]
+            lambda m: m(q[:, 0], x, x.flip(1), mask).context,
+        ),
     }
 
 
@@ -481,6 +500,7 @@ def _init_args(layer: torch.nn.Module) -> dict[str, object]:
         SpanAttention: lambda: {"memory_dim": 8},
         SpanSelfAttention: lambda: {"input_dim": 8, "hidden_dim": 4, "structure": "semi-markov"},
         SemiMarkovSegmentationAttention: lambda: {"memory_dim": 8, "max_width": 2},
+        MemoryCRFAttention: lambda: {"embed_dim": 8, "steps": 3},
     }[type(layer)]()
 
 
@@ -507,3 +527,31 @@ def test_weights_option_errors() -> None:
         StructuredMultiheadAttention(8, 2, weights="sparsemax")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs a tree structure"):
         SyntacticAttention(8, structure="softmax", weights="sparse")
+
+
+def test_memory_crf_weights_options() -> None:
+    torch.manual_seed(0)
+    query, facts = torch.randn(2, 8), torch.randn(2, 5, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+    soft = MemoryCRFAttention(8, steps=3)
+    hard = MemoryCRFAttention(8, steps=3, weights="hard-st")
+    sparse = MemoryCRFAttention(8, steps=3, weights="sparse")
+    hard.load_state_dict(soft.state_dict())
+    sparse.load_state_dict(soft.state_dict())
+    keys = facts.clone().requires_grad_()
+    out_soft, out_hard = soft(query, keys, facts, mask), hard(query, keys, facts, mask)
+    best = out_soft.distribution.argmax  # [B, K]
+    onehot = torch.nn.functional.one_hot(best, 5).float()
+    assert torch.equal(out_hard.marginals, onehot)
+    assert torch.equal(out_hard.edge_marginals, onehot[:, :-1, :, None] * onehot[:, 1:, None, :])
+    probe = torch.randn(2, 3, 5), torch.randn(2, 2, 5, 5)
+    want = torch.autograd.grad(
+        (out_soft.marginals * probe[0]).sum() + (out_soft.edge_marginals * probe[1]).sum(), keys
+    )
+    got = torch.autograd.grad(
+        (out_hard.marginals * probe[0]).sum() + (out_hard.edge_marginals * probe[1]).sum(), keys
+    )
+    torch.testing.assert_close(got, want)
+    out_sparse = sparse(query, keys, facts, mask)
+    torch.testing.assert_close(out_sparse.marginals.sum(-1), torch.ones(2, 3))
+    torch.testing.assert_close(out_sparse.edge_marginals.sum(-1), out_sparse.marginals[:, :-1])

@@ -30,6 +30,7 @@ from .distributions import (
     TreeCRF,
     cross_entropy,
     kl_divergence,
+    sparsemap,
     structured_nll,
 )
 from .nn import LSTMN, GatedSelfAttention, LSTMNCell, LSTMNDecoder, ParsingNetwork
@@ -74,6 +75,7 @@ __all__ = [
     "mean_field_free_energy",
     "mean_field_marginals",
     "projectivize",
+    "sparsemap",
     "split_tree",
     "stick_breaking_distribution",
     "stick_breaking_gates",

@@ -9,7 +9,9 @@ from torch import Tensor, nn
 
 from .._validation import check_mask
 from ..distributions import LinearChainCRF
+from ..names import WeightKind
 from ._common import masked_softmax
+from ._weights import check_weights
 
 __all__ = [
     "EDGE_UNARIES",
@@ -79,6 +81,10 @@ class MemoryCRFAttention(nn.Module):
             same as ``"once"`` for K <= 2).
         validate_args: accepted by every structured layer; this one checks no value on the
             host either way (any mask pattern is valid), so it never synchronises.
+        weights: what ``marginals`` / ``edge_marginals`` (and the context) are:
+            ``"marginals"`` (default, forward-backward), ``"sparse"`` (SparseMAP's: a mix of
+            few fact sequences) or ``"hard-st"`` (the Viterbi sequence's indicators forward,
+            the marginals' gradient backward: straight-through).
 
     Forward: ``query`` [B, D]; ``keys`` and ``values`` [B, K, n, D] (per step) or [B, n, D]
     (shared by all steps); ``mask`` BoolTensor [B, n] (True = real fact; any pattern);
@@ -105,9 +111,11 @@ class MemoryCRFAttention(nn.Module):
         query_mode: QueryMode = "linear",
         edge_unary: EdgeUnary = "once",
         validate_args: bool = True,
+        weights: WeightKind = "marginals",
     ) -> None:
         super().__init__()
         self.validate_args = validate_args  # nothing to check on the host (any mask)
+        self.weights_mode = check_weights(weights)  # marginals, SparseMAP or hard-st
         if steps < 1:
             raise ValueError(f"`steps` must be >= 1, got {steps}")
         if query_mode not in QUERY_MODES:
@@ -225,9 +233,22 @@ class MemoryCRFAttention(nn.Module):
     ) -> MemoryCRFOutput:
         crf, unary, edges, queries = self.crf(query, keys, mask, pairwise, values)
         values = self._per_step(values, "values")  # [B, K, n, D]
-        marginals = crf.marginals  # [B, K, n]
+        marginals, edge_marginals = self._weights(crf)  # [B, K, n], [B, K-1, n, n]
         context = torch.einsum("bkn,bknd->bd", marginals, values)
-        return MemoryCRFOutput(context, marginals, crf.edge_marginals, unary, edges, queries, crf)
+        return MemoryCRFOutput(context, marginals, edge_marginals, unary, edges, queries, crf)
+
+    def _weights(self, crf: LinearChainCRF) -> tuple[Tensor, Tensor]:
+        """(node, edge) weights of the chain under the ``weights`` option."""
+        if self.weights_mode == "marginals":
+            return crf.marginals, crf.edge_marginals
+        if self.weights_mode == "sparse":
+            node, edge = crf.sparsemap().parts
+            return node, edge
+        node = crf.straight_through()  # exactly 0/1 forward
+        hard = node.detach()
+        soft_edge = crf.edge_marginals
+        hard_edge = hard[:, :-1, :, None] * hard[:, 1:, None, :]  # consecutive facts
+        return node, hard_edge + (soft_edge - soft_edge.detach())
 
     @torch.no_grad()
     def decode(

@@ -11,6 +11,7 @@ from .loss import structured_nll
 from .nonprojective import NonProjectiveDependencyCRF
 from .second_order import SecondOrderDependencyCRF
 from .semi_markov import SemiMarkovCRF
+from .sparsemap import SparseMAPResult, sparsemap
 from .split_tree import SplitTreeDistribution
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "NonProjectiveDependencyCRF",
     "SecondOrderDependencyCRF",
     "SemiMarkovCRF",
+    "SparseMAPResult",
     "SplitTreeDistribution",
     "StructuredDistribution",
     "TreeCRF",
@@ -27,5 +29,6 @@ __all__ = [
     "is_projective",
     "kl_divergence",
     "projectivize",
+    "sparsemap",
     "structured_nll",
 ]

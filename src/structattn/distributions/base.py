@@ -9,7 +9,10 @@ with a semiring. Everything else follows generically:
   a loss on the marginals trains the potentials, second-order),
 * ``max_score``/``argmax`` -- inside pass in the max semiring and its gradient,
 * ``sample(n)``     -- the gradient of the sampling semiring's inside pass,
-* ``entropy``       -- ``log Z - sum(marginals * parts)``.
+* ``entropy``       -- ``log Z - sum(marginals * parts)``,
+* ``sparsemap()``   -- SparseMAP by the active set with the MAP pass as oracle
+  (:mod:`structattn.distributions.sparsemap`); ``temperature=`` in the constructors and
+  ``tempered(t)``: the distribution of the scores divided by t.
 
 Every distribution also answers ``num_tokens`` (scored positions per item, [B]) and
 ``impossible_reason(value, item)`` (why a structure has probability 0, in words), which

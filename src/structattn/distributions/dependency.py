@@ -440,6 +440,15 @@ class DependencyCRF(TreeCRFBase):
         (arcs,) = self._parts(self.arc_scores.detach())
         return eisner_kbest(arcs, self.lengths, self.multiroot, k)
 
+    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        # the C++ MAP kernel where it applies (no autograd round trip), else the max-plus
+        # pass's gradient: the same tree
+        best = eisner_argmax(parts[0], self.lengths, self.multiroot)
+        if best is None:
+            return super()._part_argmax(parts)
+        score, heads = best
+        return (self._indicators(self._invalidate(heads, score)).to(parts[0].dtype),)
+
     def impossible_reason(self, value: Tensor, item: int) -> str:
         """As :class:`TreeCRFBase`'s, and a valid tree with crossing arcs (non-projective)."""
         if isinstance(value, tuple):  # labelled: the labels can only hit a -inf score
