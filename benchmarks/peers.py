@@ -31,7 +31,10 @@ ROOT; chain ``pairwise[a, c]`` = (z_i = a, z_{i+1} = c)):
   column are start / end transitions (zero here).
 * pytorch-crf ``CRF``: emissions = unary, ``transitions`` = pairwise (``[from, to]``),
   start/end transitions zero; log Z is its ``_compute_normalizer`` (it has no marginals; the
-  harness gets them by autograd for the check only).
+  harness gets them by autograd for the check only), the MAP its ``decode`` (Viterbi).
+* chain MAP (``decode``, what the ``argmax`` op times): each library's own output (ours and
+  supar: labels [B, N]; torch-struct: edge indicators; pytorch-crf: lists of labels),
+  converted to labels [B, N] by ``argmax`` for the check, outside the timing.
 """
 
 from __future__ import annotations
@@ -93,8 +96,14 @@ class Adapter:
         return torch.autograd.grad(logz.sum(), state.natives[0], create_graph=True)[0]
 
     def argmax(self, state: State) -> Tensor:
-        """Heads [B, N] in our convention (entries at ROOT and padding are ignored)."""
+        """The MAP structure in our convention: heads [B, N] (entries at ROOT and padding
+        are ignored) or chain labels [B, N] (-1 at padding)."""
         raise NotImplementedError
+
+    def decode(self, state: State) -> object:
+        """What the ``argmax`` op times: the library's own MAP output (default: ``argmax``;
+        the chain adapters time their native output and convert it in ``argmax``)."""
+        return self.argmax(state)
 
     def extra_leaves(self, state: State) -> tuple[Tensor, ...]:
         return ()
@@ -152,7 +161,7 @@ class Adapter:
         if name == "marg":
             return lambda: self.marginals(state)
         if name == "argmax":
-            return lambda: self.argmax(state)
+            return lambda: self.decode(state)
         raise ValueError(f"unknown op {name!r}")
 
 
@@ -210,7 +219,7 @@ class OursNonProj(OursTree):
 class OursChain(Adapter):
     library = "ours"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg", "marg_fb"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb", "argmax"})
     is_ours = True
 
     def _dist(self, state: State) -> Any:
@@ -224,6 +233,9 @@ class OursChain(Adapter):
 
     def marginals(self, state: State) -> Tensor:
         return self._dist(state).marginals
+
+    def argmax(self, state: State) -> Tensor:
+        return self._dist(state).argmax  # Viterbi labels [B, N], -1 at padding
 
 
 # ---- torch-struct ---------------------------------------------------------------------------
@@ -270,7 +282,7 @@ class TorchStructNonProj(TorchStructTree):
 class TorchStructChain(Adapter):
     library = "torch-struct"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg", "marg_fb"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb", "argmax"})
 
     def convert(self, problem: Problem, *ours: Tensor) -> tuple[Tensor, ...]:
         unary, pairwise = ours
@@ -292,6 +304,16 @@ class TorchStructChain(Adapter):
 
     def marginals(self, state: State) -> Tensor:
         return self._dist(state).marginals
+
+    def decode(self, state: State) -> object:
+        return self._dist(state).argmax  # edge indicators [B, N-1, C, C] (max semiring)
+
+    def argmax(self, state: State) -> Tensor:
+        edges = self.decode(state)
+        assert isinstance(edges, Tensor)
+        edges = edges.detach()  # [B, N-1, C(next), C(prev)], 0 beyond each item's length
+        labels = torch.cat([edges[:, :1].sum(2).argmax(-1), edges.sum(3).argmax(-1)], 1)
+        return labels.masked_fill(~state.problem.mask, -1)
 
 
 # ---- supar ------------------------------------------------------------------------------------
@@ -352,7 +374,7 @@ class SuparNonProj(SuparTree):
 class SuparChain(Adapter):
     library = "supar"
     kind = "chain"
-    ops = frozenset({"logz_fb", "marg", "marg_fb"})
+    ops = frozenset({"logz_fb", "marg", "marg_fb", "argmax"})
 
     def convert(self, problem: Problem, *ours: Tensor) -> tuple[Tensor, ...]:
         unary, pairwise = ours
@@ -369,12 +391,20 @@ class SuparChain(Adapter):
     def marginals(self, state: State) -> Tensor:
         return self._dist(state).marginals
 
+    def decode(self, state: State) -> object:
+        return self._dist(state).argmax  # tags [B, N] (gradient of the max pass), 0 at padding
+
+    def argmax(self, state: State) -> Tensor:
+        labels = self.decode(state)
+        assert isinstance(labels, Tensor)
+        return labels.masked_fill(~state.problem.mask, -1)
+
 
 # ---- pytorch-crf ---------------------------------------------------------------------------
 class TorchCRFChain(Adapter):
     library = "pytorch-crf"
     kind = "chain"
-    ops = frozenset({"logz_fb"})  # no marginals API
+    ops = frozenset({"logz_fb", "argmax"})  # no marginals API; argmax: its Viterbi ``decode``
 
     def setup(self, problem: Problem, natives: tuple[Tensor, ...]) -> dict[str, Any]:
         import torchcrf
@@ -386,7 +416,7 @@ class TorchCRFChain(Adapter):
             crf.start_transitions.zero_()
             crf.end_transitions.zero_()
         mask = problem.mask.t().contiguous()  # seq-first, bool
-        return {"crf": crf, "mask": mask}
+        return {"crf": crf, "mask": mask, "mask_bf": problem.mask.contiguous()}
 
     def extra_leaves(self, state: State) -> tuple[Tensor, ...]:
         crf = state.extra["crf"]
@@ -395,6 +425,19 @@ class TorchCRFChain(Adapter):
     def log_partition(self, state: State) -> Tensor:
         crf, mask = state.extra["crf"], state.extra["mask"]
         return crf._compute_normalizer(state.natives[0].transpose(0, 1), mask)
+
+    def decode(self, state: State) -> object:
+        crf, mask = state.extra["crf"], state.extra["mask_bf"]
+        with torch.no_grad():  # as a tagger decodes
+            return crf.decode(state.natives[0], mask)  # a list of B label lists
+
+    def argmax(self, state: State) -> Tensor:
+        lists = self.decode(state)
+        assert isinstance(lists, list)
+        labels = torch.full(state.problem.mask.shape, -1, dtype=torch.long)
+        for b, tags in enumerate(lists):
+            labels[b, : len(tags)] = torch.tensor(tags, dtype=torch.long)
+        return labels
 
 
 # ---- registry ------------------------------------------------------------------------------

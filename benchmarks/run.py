@@ -31,6 +31,9 @@ Measurements (float32, ``torch.set_num_threads(2)`` unless ``--threads``):
   multi-root / single-root. Plus the peak extra memory of ``marg_fb`` / ``logz_fb`` at N=80.
 * ``chain``   LinearChainCRF, B=32, N in {20, 50, 100, 200}, C in {2, 10, 25}: ``logz_fb``
   ``marg`` (marginals, forward, on potentials that require grad) and ``marg_fb``.
+* ``chainmap`` LinearChainCRF's MAP (Viterbi decode), B=32, N in {20, 50, 100}, C in {10, 50}:
+  ``argmax`` beside pytorch-crf's ``CRF.decode``, torch-struct's and supar's ``argmax``, each
+  library's own output timed (``peers.py``: ``decode``), checked by its MAP score.
 * ``nonproj`` NonProjectiveDependencyCRF (when structattn has it), B=32, N in {10..80}:
   ``logz_fb``, ``marg_fb`` and ``argmax`` (torch-struct has no non-projective argmax).
 * ``span`` TreeCRF (CKY), B=32, N in {10, 20, 40}, L in {1, 10}, and ``semi``
@@ -67,13 +70,16 @@ from spans import problems as span_problems
 from timing import peak_memory_bytes, time_interleaved
 from torch import Tensor
 
-SECTIONS = ("tree", "chain", "nonproj", *SPAN_SECTIONS)
+SECTIONS = ("tree", "chain", "chainmap", "nonproj", *SPAN_SECTIONS)
+#: sections over linear chains (the chain adapters of peers.py, the chain problems)
+CHAIN_SECTIONS = ("chain", "chainmap")
 # sections run only when named by --only (their own table: benchmarks/tree_ops.py)
 EXTRA_SECTIONS = ("treeops",)
 OPS = {
     **dict.fromkeys(SPAN_SECTIONS, SPAN_OPS),
     "tree": ("logz_fb", "marg_fb", "argmax"),
     "chain": ("logz_fb", "marg", "marg_fb"),
+    "chainmap": ("argmax",),
     "nonproj": ("logz_fb", "marg_fb", "argmax"),
 }
 OP_TITLES = {
@@ -113,6 +119,8 @@ class Settings:
     nonproj_sizes: tuple[int, ...]
     chain_sizes: tuple[int, ...]
     chain_labels: tuple[int, ...]
+    chain_map_sizes: tuple[int, ...]
+    chain_map_labels: tuple[int, ...]
     memory: bool
     seed: int
     quick: bool
@@ -344,6 +352,18 @@ def _tree_score(arcs: Tensor, heads: Tensor, problem: Problem) -> Tensor:
     return score.masked_fill(bad.any(-1), float("-inf"))
 
 
+def _chain_score(labels: Tensor, problem: Problem) -> Tensor:
+    """Score of labels [B, N] under our chain potentials, float64, [B]; -inf if a real
+    position's label is out of range."""
+    unary, pairwise = (t.double() for t in problem.tensors)
+    mask = problem.mask
+    bad = ((labels < 0) | (labels >= unary.shape[-1])) & mask
+    safe = labels.masked_fill(~mask | bad, 0)
+    node = unary.gather(2, safe.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0.0).sum(-1)
+    edge = pairwise[safe[:, :-1], safe[:, 1:]].masked_fill(~mask[:, 1:], 0.0).sum(-1)
+    return (node + edge).masked_fill(bad.any(-1), float("-inf"))
+
+
 @dataclass
 class Outputs:
     """What one library computes on one problem, in our layout."""
@@ -367,8 +387,11 @@ def outputs(adapter: Adapter, state: State, ops: Sequence[str]) -> Outputs:
         grads = adapter.to_ours(state, native_grads)
     map_score = None
     if "argmax" in ops:
-        heads = adapter.argmax(state)
-        map_score = _tree_score(state.problem.tensors[0], heads, state.problem)
+        best = adapter.argmax(state)
+        if state.problem.kind == "chain":
+            map_score = _chain_score(best, state.problem)
+        else:
+            map_score = _tree_score(state.problem.tensors[0], best, state.problem)
     return Outputs(logz, marginals, grads, map_score)
 
 
@@ -427,7 +450,7 @@ def _fail_line(check: Check, size: int) -> str:
 def brute_force_checks(section: str, adapters: list[Adapter], results: Results) -> None:
     """Every library (and ours in float64, the reference of the timed configurations)
     against float64 enumeration on tiny problems (log Z and marginals)."""
-    if section == "chain":
+    if section in CHAIN_SECTIONS:
         problems = [make_chain(3, 4, 3, variable=True, seed=1)]
     else:
         projective = section == "tree"
@@ -436,7 +459,7 @@ def brute_force_checks(section: str, adapters: list[Adapter], results: Results) 
             for mr in (True, False)
         ]
     for problem in problems:
-        logz, marg = brute_chain(problem) if section == "chain" else brute_tree(problem)
+        logz, marg = brute_chain(problem) if section in CHAIN_SECTIONS else brute_tree(problem)
         ref = Outputs(logz, marg, None, None)
         config = _config_label(problem)
         runs = [(a.library, a, problem) for a in adapters]
@@ -526,10 +549,11 @@ def run_config(
             problem.size,
             problem.num_labels,
             "full" if problem.lengths is None else "var",
-            "-" if section == "chain" else ("multi" if problem.multiroot else "single"),
+            "-" if section in CHAIN_SECTIONS else ("multi" if problem.multiroot else "single"),
         )
         if results.rates is not None:
-            work = row_work(section, op, problem.full_lengths, problem.num_labels)
+            kind = "chain" if section in CHAIN_SECTIONS else section
+            work = row_work(kind, op, problem.full_lengths, problem.num_labels)
             row.bound = bound_seconds(work, results.rates)
             row.latency_floor = latency_floor_seconds(work, results.rates)
         row.times = {lib: t.median for lib, t in timings.items()}
@@ -572,9 +596,14 @@ def run_memory(section: str, adapters: list[Adapter], settings: Settings, result
 def _problems(section: str, settings: Settings) -> list[Problem]:
     out: list[Problem] = []
     seed = settings.seed
-    if section == "chain":
-        for n in settings.chain_sizes:
-            for c in settings.chain_labels:
+    if section in CHAIN_SECTIONS:
+        sizes, labels = (
+            (settings.chain_sizes, settings.chain_labels)
+            if section == "chain"
+            else (settings.chain_map_sizes, settings.chain_map_labels)
+        )
+        for n in sizes:
+            for c in labels:
                 for variable in (False, True):
                     out.append(make_chain(settings.batch, n, c, variable, seed=seed))
     else:
@@ -596,11 +625,16 @@ def _ms(seconds: float | None) -> str:
 
 
 #: the columns that tell a section's rows apart, after op and N (trees: lengths, root)
-_KEY_COLUMNS = {"chain": ("C", "lengths"), "span": ("L",), "semi": ("K", "C")}
+_KEY_COLUMNS = {
+    "chain": ("C", "lengths"),
+    "chainmap": ("C", "lengths"),
+    "span": ("L",),
+    "semi": ("K", "C"),
+}
 
 
 def _key_cells(r: Row) -> list[str]:
-    if r.section == "chain":
+    if r.section in CHAIN_SECTIONS:
         return [str(r.labels), r.lengths]
     if r.section == "span":
         return [str(r.labels)]
@@ -713,8 +747,8 @@ def plot(results: Results, path: str) -> bool:
             pts = sorted((r.size, r.times[lib] * 1e3) for r in sel if lib in r.times)
             color, marker = styles.get(lib, ("C7", "x"))
             ax.plot(*zip(*pts, strict=True), marker=marker, color=color, label=lib)
-        name = {"tree": "projective tree", "nonproj": "non-projective", "chain": "chain"}[section]
-        title = f"{name}: {OP_TITLES[op]}" + (f", C={c}" if section == "chain" else "")
+        name = {"tree": "projective tree", "nonproj": "non-projective"}.get(section, "chain")
+        title = f"{name}: {OP_TITLES[op]}" + (f", C={c}" if section in CHAIN_SECTIONS else "")
         ax.set_title(title, fontsize=10)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -800,11 +834,21 @@ def settings_from(args: argparse.Namespace) -> Settings:
         nonproj_sizes=(6, 10) if quick else (10, 20, 40, 80),
         chain_sizes=(8, 16) if quick else (20, 50, 100, 200),
         chain_labels=(2, 5) if quick else (2, 10, 25),
+        chain_map_sizes=(8, 16) if quick else (20, 50, 100),
+        chain_map_labels=(3, 5) if quick else (10, 50),
         memory=not args.no_memory,
         seed=args.seed,
         quick=quick,
         threads=args.threads,
     )
+
+
+def _adapters(section: str) -> tuple[list[Adapter], list[str]]:
+    """``adapters_for`` the section's structure, only those with an op of the section (ours
+    first)."""
+    adapters, skipped = adapters_for("chain" if section in CHAIN_SECTIONS else section)
+    ops = set(OPS[section])
+    return [a for a in adapters if a.is_ours or ops & a.ops], skipped
 
 
 def run(settings: Settings, json_path: str | None = None) -> Results:
@@ -833,7 +877,7 @@ def run(settings: Settings, json_path: str | None = None) -> Results:
     for section in settings.sections:
         if section in EXTRA_SECTIONS or section in SPAN_SECTIONS:
             continue
-        adapters, skipped = adapters_for(section)
+        adapters, skipped = _adapters(section)
         for message in skipped:
             _say(f"[{section}] {message}")
             results.messages.append(f"[{section}] {message}")

@@ -9,6 +9,7 @@ from .._precision import autocast_widened
 from .._validation import check_lengths, check_potentials, last_index, length_mask
 from ..semirings import LogSemiring, Semiring
 from ..structs.linear_chain import (
+    chain_argmax,
     chain_inside,
     chain_kbest,
     chain_log_partition,
@@ -296,11 +297,35 @@ class LinearChainCRF(StructuredDistribution):
         return torch.where(torch.isneginf(best), best.detach(), score)
 
     @cached_property
+    def _kernel_viterbi(self) -> tuple[Tensor, Tensor] | None:
+        """(best score [B], labels [B, N]) from the C++ Viterbi kernel, or None where it does
+        not serve these potentials (see :func:`~structattn.structs.linear_chain.chain_argmax`)."""
+        with torch.no_grad():
+            return chain_argmax(self.unary, self.pairwise, self.lengths)
+
+    @cached_property
     def _viterbi(self) -> tuple[Tensor, Tensor]:
+        """(best score [B], labels [B, N]), detached: the C++ Viterbi kernel where it applies,
+        else the k-best pass with k = 1 (the same sequence and score)."""
+        if self._kernel_viterbi is not None:
+            return self._kernel_viterbi
         with torch.no_grad():
             unary, pairwise = self._parts(self.unary, self.pairwise)
             scores, labels = chain_kbest(unary, pairwise, self.lengths, 1)
         return scores[0], labels[0]
+
+    @cached_property
+    def max_score(self) -> Tensor:
+        """Score of the best label sequence, shape [B] (``-inf`` if none is valid).
+
+        Differentiable when the potentials require grad: its gradient is the indicators of
+        ``argmax`` (its labels and transitions; 0 for an item with no valid sequence), so a
+        perceptron or max-margin loss ``max_score - score(gold)`` trains through both terms.
+        On CPU with the C++ kernels the Viterbi kernel finds the sequence (and, without
+        gradients, gives the score: shared with ``argmax``, one pass for both)."""
+        if not self._differentiable() and self._kernel_viterbi is not None:
+            return self._kernel_viterbi[0]
+        return super().max_score
 
     @cached_property
     def argmax(self) -> Tensor:

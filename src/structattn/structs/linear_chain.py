@@ -23,6 +23,7 @@ from ._library import chain_ops, tracing
 from ._ops import Stash, is_batched, is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
 
 __all__ = [
+    "chain_argmax",
     "chain_inside",
     "chain_inside_scan",
     "chain_kbest",
@@ -152,6 +153,44 @@ def chain_kbest(
         labels = labels.masked_fill(pad.unsqueeze(1), -1)
     labels = labels.masked_fill(torch.isneginf(scores).unsqueeze(-1), -1)
     return scores.transpose(0, 1), labels.transpose(0, 1)
+
+
+def _viterbi_op(unary: Tensor, pairwise: Tensor) -> Any:
+    """``torch.ops.structattn_viterbi.viterbi`` (``_viterbi.cpp``) where it serves these
+    potentials (CPU, float32 or float64, one dtype and device, plain tensors: no
+    ``torch.func`` wrapper, fake or meta tensor), else None (the PyTorch code)."""
+    if pairwise.dtype != unary.dtype or pairwise.device != unary.device:
+        return None
+    if is_transformed(unary) or is_transformed(pairwise) or compiled_kernels(unary) is None:
+        return None
+    try:  # registered by _viterbi.cpp when the kernels load (absent from an older build)
+        return torch.ops.structattn_viterbi.viterbi
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@full_precision
+def chain_argmax(
+    unary: Tensor, pairwise: Tensor, lengths: Tensor | None
+) -> tuple[Tensor, Tensor] | None:
+    """(score of the best label sequence [B] in the potentials' dtype, its labels LongTensor
+    [B, N]: -1 at padding, and everywhere for an item with no valid sequence) straight from
+    the C++ Viterbi kernel (``_viterbi.cpp``): the max-plus forward pass and the backtrack in
+    one loop per item, no autograd node, no k-best bookkeeping. The same sequence (ties: the
+    lower label at every max, from the last position backwards) and the same score, bit for
+    bit, as :func:`chain_kbest` with k = 1, whose operations it runs in the same order.
+    ``pairwise`` [C, C] (shared) or [B, N-1, C, C], read as given (strided views included);
+    the unary potentials at padding are ignored. Not differentiable (detached): the
+    gradient of the best score is the labels' indicators (:func:`chain_score` of them).
+    ``None`` where the kernel does not apply (not built, not CPU float32/64, ``torch.func``
+    transforms, ``torch.compile`` tracing, meta tensors): use :func:`chain_kbest`."""
+    op = _viterbi_op(unary, pairwise)
+    if op is None:
+        return None
+    batch, n, _ = unary.shape
+    last = last_index(lengths, batch, n, unary.device)
+    score, labels = op(unary.detach(), pairwise.detach(), last)
+    return score, labels
 
 
 def chain_score(unary: Tensor, pairwise: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
