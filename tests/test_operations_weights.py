@@ -187,17 +187,27 @@ def test_temperature_argument_errors() -> None:
 
 
 # ---- #41.7: SparseMAP ----------------------------------------------------------------------------
-def _first_parts(support: suite.Support) -> tuple[Tensor, Tensor]:
-    """(U [K, P1]: the first part's indicators of every structure, c [K]: its score),
-    structures of score -inf left out."""
-    kept = [(ind[0].flatten(), s) for ind, s in support if torch.isfinite(s)]
-    return torch.stack([u for u, _ in kept]), torch.stack([s for _, s in kept]).detach()
+def _structure_parts(
+    op: Op, support: suite.Support, item: Params, length: int
+) -> tuple[Tensor, ...]:
+    """(first [K, P1]: the first part's indicators of every structure (the ``marginals``
+    part; it determines the structure), full [K, P]: the indicators of all its parts, as
+    ``sparsemap`` sees them, c [K]: its score), structures of score -inf left out."""
+    kept = [(ind, s) for ind, s in support if torch.isfinite(s)]
+    first = torch.stack([ind[0].flatten() for ind, _ in kept])
+    if op.name == "split-tree":  # parts (nodes, pivots): every position is a pivot once
+        pivots = (torch.arange(item[0].shape[-1]) < length).to(first.dtype).expand(len(kept), -1)
+        full = torch.cat([first, pivots], -1)
+    else:
+        full = torch.stack([torch.cat([i.flatten() for i in ind]) for ind, _ in kept])
+    return first, full, torch.stack([s for _, s in kept]).detach()
 
 
 def _brute_force_qp(u: Tensor, c: Tensor, steps: int = 4000) -> Tensor:
     """max_a c.a - |U^T a|^2 / 2 over the simplex (the SparseMAP problem over the enumerated
-    structures), by accelerated projected gradient in float64, then the KKT system solved
-    exactly on the support it found; returns mu_U = U^T a."""
+    structures' part indicators U [K, P] and scores c = U theta), by accelerated projected
+    gradient in float64, then the KKT system solved exactly on the support it found;
+    returns mu = U^T a."""
     k = u.shape[0]
     lipschitz = float(torch.linalg.matrix_norm(u, 2)) ** 2 + 1e-12
     a = torch.full((k,), 1.0 / k, dtype=u.dtype)
@@ -228,30 +238,33 @@ def _simplex(v: Tensor) -> Tensor:
     return (v - cumulative[rho] / (rho + 1)).clamp_min(0)
 
 
-def test_sparsemap_against_brute_force_qp(op: Op) -> None:
-    params, lengths = suite._draw(op), suite._lengths(op)
+@pytest.mark.parametrize("scale", [0.1, 1.0, 3.0])
+def test_sparsemap_against_brute_force_qp(op: Op, scale: float) -> None:
+    params, lengths = suite._draw(op, scale=scale), suite._lengths(op)
     dist = op.build(params, lengths)
     result = dist.sparsemap(tol=1e-12)
     assert result.marginals.shape == dist.marginals.shape  # type: ignore[attr-defined]
     assert result.converged.all()
     for b, length in enumerate(lengths.tolist()):
-        u, c = _first_parts(op.support(suite._item(params, b), length))
-        mu = result.marginals[b].detach().flatten()
+        item = suite._item(params, b)
+        first, full, c = _structure_parts(op, op.support(item, length), item, length)
+        mu = torch.cat([p[b].detach().flatten() for p in result.parts])
         # a convex combination of valid structures
         weights = result.weights[b]
         assert (weights >= 0).all()
         torch.testing.assert_close(weights.sum(), weights.new_tensor(1.0))
         active = result.structures[b][weights > 0].flatten(1)
-        match = (active.unsqueeze(1) == u.unsqueeze(0)).all(-1)  # [S', K]
+        match = (active.unsqueeze(1) == first.unsqueeze(0)).all(-1)  # [S', K]
         assert match.any(1).all(), "an active structure is not a valid structure"
-        torch.testing.assert_close(weights[weights > 0] @ active, mu)
-        # optimality certificate over every structure: c_z - <u_z, mu> is maximal on the
-        # active ones (the KKT conditions of the QP)
-        value = c - u @ mu
+        torch.testing.assert_close(weights[weights > 0] @ active, result.marginals[b].flatten())
+        torch.testing.assert_close(weights[weights > 0] @ full[match.float().argmax(1)], mu)
+        # optimality certificate over every structure: <m_z, theta - mu> = c_z - <m_z, mu>
+        # is maximal on the active ones (the KKT conditions of the projection)
+        value = c - full @ mu
         on_support = value[match.float().argmax(1)]
         assert float(value.max() - on_support.min()) <= 1e-9
         # the brute-force QP gives the same marginals
-        torch.testing.assert_close(mu, _brute_force_qp(u, c), atol=1e-7, rtol=0)
+        torch.testing.assert_close(mu, _brute_force_qp(full, c), atol=1e-7, rtol=0)
 
 
 def test_sparsemap_gradient_by_finite_differences(op: Op) -> None:

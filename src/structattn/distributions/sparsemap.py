@@ -1,33 +1,39 @@
 r"""SparseMAP (Niculae, Martins, Blondel & Cardie 2018): sparse structured marginals by the
 active-set algorithm, with the MAP pass of a distribution as its only oracle.
 
-For part scores :math:`\theta = (\eta_U, \eta_V)` -- :math:`\eta_U` the part tensor whose
-indicators are a distribution's ``marginals`` (chain labels, arcs, spans, segments), and
-:math:`\eta_V` the other parts (transitions, sibling pairs), which enter linearly --
+For the part scores :math:`\theta` of a distribution (every part tensor of its inside pass,
+flattened: labels and transitions of a chain, arcs, spans, segments and transitions, arcs
+and sibling pairs)
 
-.. math:: \mathrm{SparseMAP}(\theta) = \arg\max_{\mu = (u, v) \in \mathcal{M}}
-          \eta_U^\top u + \eta_V^\top v - \tfrac12 \|u\|^2,
+.. math:: \mathrm{SparseMAP}(\theta) = \arg\max_{\mu \in \mathcal{M}}
+          \theta^\top \mu - \tfrac12 \|\mu\|^2
+          = \arg\min_{\mu \in \mathcal{M}} \|\mu - \theta\|^2,
 
-with :math:`\mathcal{M}` the marginal polytope, the convex hull of the part indicators
-:math:`m_z` of the structures z. For trees (arcs only) and spans it is the Euclidean
-projection of the scores onto the polytope. The solution is a convex combination
-:math:`\mu = \sum_z \alpha_z m_z` of few structures (at most one more than the dimension,
-usually a handful), so its ``marginals`` are sparse, unlike the dense ``marginals`` of the
-CRF (the entropic counterpart).
+the Euclidean projection of the scores onto the marginal polytope :math:`\mathcal{M}`, the
+convex hull of the part indicators :math:`m_z` of the structures z. The solution is a
+convex combination :math:`\mu = \sum_z \alpha_z m_z` of few structures (at most one more
+than the dimension, usually a handful), so its ``marginals`` are sparse, unlike the dense
+``marginals`` of the CRF (the entropic counterpart). Where a structure has parts beyond those
+of ``marginals`` (transitions, sibling pairs), the paper's variant puts the quadratic on the
+``marginals`` part only (:math:`\tfrac12 \|u\|^2`); that variant is not implemented here:
+its restricted QP is singular whenever the active structures are affinely dependent in that
+part alone (a chain's label indicators often are), which the plain active-set step below
+does not handle. For trees and constituency trees (one part tensor) the two coincide.
 
 **Active set** (Nocedal & Wright 16.3; the paper's Algorithm 1). The problem restricted to a
 working set A of structures is an equality-constrained QP in the weights,
 :math:`\min_\alpha \tfrac12 \alpha^\top G \alpha - b^\top \alpha` with
-:math:`\sum \alpha = 1`, :math:`G = M_U M_U^\top` (the Gram matrix of the active structures'
-U-indicators) and :math:`b = M \theta` (their scores), solved in closed form from its KKT
+:math:`\sum \alpha = 1`, :math:`G = M M^\top` (the Gram matrix of the active structures'
+indicators) and :math:`b = M \theta` (their scores), solved in closed form from its KKT
 system :math:`[G, 1; 1^\top, 0] [\alpha; \tau] = [b; 1]`. Each iteration asks the MAP
-oracle for the best structure under the scores' gradient :math:`(\eta_U - u, \eta_V)`
+oracle for the best structure under the objective's gradient :math:`\theta - \mu`
 (the structure of largest Frank-Wolfe gap), adds it, re-solves the restricted QP and, where
 a weight would turn negative, steps to the boundary and drops that structure (repeated until
 the weights are feasible). It stops when the Frank-Wolfe gap
 :math:`\langle \nabla, m_z - \mu \rangle` of the oracle's structure is at most
 ``tol * (1 + max |theta|)`` (then :math:`\mu` is optimal up to that gap), when the oracle
-returns a structure already active (no progress possible in floating point), or after
+returns a structure already active (no progress possible in floating point; a structure
+dropped earlier may come back), or after
 ``max_iter`` iterations (``converged`` says which items stopped by the gap). All items of
 the batch run together: one batched oracle call (``argmax`` of the distribution on modified
 scores) and one batched solve of the small KKT systems per iteration; items that stopped
@@ -103,7 +109,8 @@ class _Restricted:
     """The active structures of every item and their restricted QP (float64 state)."""
 
     def __init__(self, first: Tensor, quadratic: Tensor, scores: Tensor) -> None:
-        # first [B, P]: the MAP structures' indicators; quadratic [P]: 1 on the U part
+        # first [B, P]: the MAP structures' indicators; quadratic [P]: 1 on the parts under the
+        # quadratic (all of them: the Euclidean projection)
         self.quadratic = quadratic
         self.scores = scores  # [B, P] finite scores (-inf -> 0: no active structure uses it)
         self.structures = first.unsqueeze(1)  # [B, S, P]
@@ -223,8 +230,8 @@ def sparsemap(
     with torch.no_grad():
         raw = theta.detach()
         scores = torch.where(torch.isfinite(raw), raw, 0.0).to(torch.float64)
-        quadratic = torch.zeros(scores.shape[1], dtype=torch.float64, device=scores.device)
-        quadratic[: sizes[0]] = 1.0
+        # the parts under the quadratic: all of them (the Euclidean projection)
+        quadratic = torch.ones(scores.shape[1], dtype=torch.float64, device=scores.device)
         threshold = tol * (1.0 + scores.abs().amax(-1))  # [B]
 
         def oracle(flat: Tensor) -> Tensor:  # scores [B, P] -> MAP indicators [B, P], float64
@@ -245,7 +252,9 @@ def sparsemap(
             gap = (gradient * (best - mean)).sum(-1)
             small = gap <= threshold
             converged = converged | (small & ~stopped)  # an item with none: gap 0
-            repeated = (state.structures == best.unsqueeze(1)).all(-1).any(-1)
+            # an active structure again: no progress possible (a dropped one may come back)
+            same = (state.structures == best.unsqueeze(1)).all(-1)  # [B, S]
+            repeated = (same & (state.weights > 0)).any(-1)
             stopped = stopped | small | repeated
             if bool(stopped.all()):
                 break
