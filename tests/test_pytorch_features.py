@@ -350,19 +350,11 @@ _COMPILED: dict[str, tuple[Make, tuple[int, ...]]] = {
         "chain-per-step",
         "projective",
         "non-projective",
-        "constituency",
-        "semi-markov",
         "split-tree",
     )
 }
-_HEADS = [
-    "projective",
-    "non-projective",
-    "segmentation",
-    "mean-field",
-    "constituency",
-    "semi-markov",
-]
+_HEADS = ["projective", "non-projective", "segmentation", "mean-field"]
+_SPAN_HEADS = ["constituency", "semi-markov"]
 
 
 def _distribution_loss(name: str) -> Callable[[Tensor], Tensor]:
@@ -404,13 +396,7 @@ def test_compile_fullgraph_distributions_equal_eager(name: str) -> None:
     torch.testing.assert_close(values[1], values[0])
 
 
-_SLOW = pytest.mark.slow  # span heads trace their dynamic program op by op: 20 s each
-
-
-@pytest.mark.parametrize(
-    "normalizer",
-    [pytest.param(h, marks=_SLOW) if h in ("constituency", "semi-markov") else h for h in _HEADS],
-)
+@pytest.mark.parametrize("normalizer", _HEADS)
 def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     model, loss = _layer_loss(normalizer)
     x, padding = _inputs([5, 3], 0)
@@ -530,7 +516,7 @@ def _layers(validate: bool) -> dict[str, Callable[[Tensor, Tensor], Tensor]]:
     """name -> (x [B, N, 8], mask [B, N] True = real) -> a loss of the layer's output."""
     torch.manual_seed(0)
     layers: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
-    for normalizer in _HEADS:
+    for normalizer in (*_HEADS, *_SPAN_HEADS):
         mha = StructuredMultiheadAttention(
             8, 2, batch_first=True, normalizer=normalizer, validate_args=validate
         )
