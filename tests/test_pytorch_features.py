@@ -344,9 +344,17 @@ def test_activation_checkpointing(normalizer: str) -> None:
 # ---- torch.compile(fullgraph=True) and the custom operators (#38.4) -------------------------
 #: name -> a distribution of float64 potentials with validation off (what compiles whole)
 _COMPILED: dict[str, tuple[Make, tuple[int, ...]]] = {
-    name: CASES[name] for name in ("chain-shared", "chain-per-step", "projective", "non-projective")
+    name: CASES[name]
+    for name in (
+        "chain-shared",
+        "chain-per-step",
+        "projective",
+        "non-projective",
+        "split-tree",
+    )
 }
 _HEADS = ["projective", "non-projective", "segmentation", "mean-field"]
+_SPAN_HEADS = ["constituency", "semi-markov"]
 
 
 def _distribution_loss(name: str) -> Callable[[Tensor], Tensor]:
@@ -508,7 +516,7 @@ def _layers(validate: bool) -> dict[str, Callable[[Tensor, Tensor], Tensor]]:
     """name -> (x [B, N, 8], mask [B, N] True = real) -> a loss of the layer's output."""
     torch.manual_seed(0)
     layers: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
-    for normalizer in (*_HEADS, "constituency", "semi-markov"):
+    for normalizer in (*_HEADS, *_SPAN_HEADS):
         mha = StructuredMultiheadAttention(
             8, 2, batch_first=True, normalizer=normalizer, validate_args=validate
         )

@@ -249,6 +249,8 @@ class StructuredDistribution:
 
     @cached_property
     def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        if torch.compiler.is_compiling():  # torch.func's gradient traces (autograd.grad not)
+            return tuple(self._inside_with_func(LogSemiring)[1])
         _, grads = self._inside_with_grad(LogSemiring, create_graph=self._differentiable())
         return tuple(grads)
 
