@@ -17,6 +17,13 @@ The forward recursion (time O(B N (K C + C^2)) in N sequential steps, memory O(B
 is written once against a semiring (:mod:`structattn.semirings`). Each step reads a window
 [B, K, C] of the last K betas, rebuilt by one ``cat``, and the scores of the segments that
 end at t, [B, K, C], taken from one end-indexed gather of ``segment_scores``.
+
+log Z, the marginals and the Hessian-vector product (:func:`semi_markov_log_partition`,
+:func:`semi_markov_marginals`) are written by hand: the log-semiring forward pass keeps its
+local probabilities (each log-sum-exp's softmax, :class:`_Probs`), and every derivative is
+then a linear sweep over them (:func:`_adjoint_sweep` positions down for reverse mode,
+:func:`_tangent_sweep` positions up for forward mode), with out-of-place operations only,
+so that the same code runs under ``torch.func``'s wrappers.
 """
 
 from __future__ import annotations
