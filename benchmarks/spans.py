@@ -21,7 +21,7 @@ against ours in float64 before anything is timed, as the other sections of ``run
   constant elsewhere: torch-struct would sum over a free first label); ``k = 0`` -1e5.
   Its ``lengths`` count fenceposts (ours + 1). torch-struct's linear scan is wrong for
   batches of mixed lengths (checked: log Z of the longer items differs from brute force),
-  hence full lengths here.
+  hence full lengths here. Not run at K C >= 100 (``TORCH_STRUCT_MAX_STATES``: memory).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ from torch import Tensor
 SPAN_SECTIONS = ("span", "semi")
 SPAN_OPS = ("logz_fb", "marg_fb")
 NEG = -1e5  # a forbidden entry in a peer's layout (finite: their passes are not -inf safe)
+#: K C from which torch-struct's semi-Markov CRF is not run (K = 10, C = 10 took over 15 GB
+#: at N = 50, B = 32 and was killed by the kernel's OOM killer)
+TORCH_STRUCT_MAX_STATES = 100
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,11 @@ def _torch_struct(problem: SpanProblem) -> Any:
             return m if x.dim() == 4 else m.squeeze(-1)
 
         return (native,), lambda: torch_struct.TreeCRF(native).partition, span_marginals
+    if problem.width * problem.labels >= TORCH_STRUCT_MAX_STATES:
+        return (
+            f"torch-struct's semi-Markov scan keeps [K C, K C] matrices: over 15 GB at "
+            f"K C = {problem.width * problem.labels} (OOM-killed at N = 50, B = 32)"
+        )
     segments, transitions = problem.tensors
     native = semi_to_torch_struct(segments, transitions).detach().requires_grad_()
 

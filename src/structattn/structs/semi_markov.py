@@ -17,6 +17,13 @@ The forward recursion (time O(B N (K C + C^2)) in N sequential steps, memory O(B
 is written once against a semiring (:mod:`structattn.semirings`). Each step reads a window
 [B, K, C] of the last K betas, rebuilt by one ``cat``, and the scores of the segments that
 end at t, [B, K, C], taken from one end-indexed gather of ``segment_scores``.
+
+log Z, the marginals and the Hessian-vector product (:func:`semi_markov_log_partition`,
+:func:`semi_markov_marginals`) are written by hand: the log-semiring forward pass keeps its
+local probabilities (each log-sum-exp's softmax, :class:`_Probs`), and every derivative is
+then a linear sweep over them (:func:`_adjoint_sweep` positions down for reverse mode,
+:func:`_tangent_sweep` positions up for forward mode), with out-of-place operations only,
+so that the same code runs under ``torch.func``'s wrappers.
 """
 
 from __future__ import annotations
@@ -150,6 +157,14 @@ class _Probs(NamedTuple):
     seg: Tensor
     #: [B, N - 1, C, C]: exp(alpha(t, a) + T(a, c) - beta(t + 1, c))
     trans: Tensor
+    dtype: torch.dtype  # of the scores (the results'); the passes run in :func:`_work_dtype`
+
+
+def _work_dtype(x: Tensor) -> torch.dtype:
+    """float64 on CPU (as the C++ CKY kernels: the passes are N sequential steps of small
+    ops whose time is their latency, and log-space values that grow with N lose float32
+    digits in exp(beta + s - alpha)); the scores' dtype elsewhere (GPUs' float64 is slow)."""
+    return torch.float64 if x.device.type == "cpu" else x.dtype
 
 
 def _windows(rows: Tensor, width: int, fill: float) -> Tensor:
@@ -162,7 +177,11 @@ def _windows(rows: Tensor, width: int, fill: float) -> Tensor:
 
 def _forward_pass(segment_scores: Tensor, transitions: Tensor, last: Tensor) -> _Probs:
     """The log-semiring forward pass and its local probabilities (:class:`_Probs`), with
-    out-of-place operations only (it runs on ``torch.func``'s wrapped tensors too)."""
+    out-of-place operations only (it runs on ``torch.func``'s wrapped tensors too), in
+    :func:`_work_dtype`."""
+    dtype = segment_scores.dtype
+    segment_scores = segment_scores.to(_work_dtype(segment_scores))
+    transitions = transitions.to(segment_scores.dtype)
     batch, size, width, labels = segment_scores.shape
     ends = segments_by_end(segment_scores).flip(2)  # [B, N, K, C], window order
     # window[b, j, c] = beta(t - K + 1 + j, c): beta(0) = 0, none before position 0
@@ -192,7 +211,7 @@ def _forward_pass(segment_scores: Tensor, transitions: Tensor, last: Tensor) -> 
     seg = (seg - _finite(alpha_all).unsqueeze(2)).exp()
     trans = alpha_all[:, :-1].unsqueeze(-1) + transitions.unsqueeze(1)
     trans = (trans - _finite(beta_all[:, 1:]).unsqueeze(2)).exp()
-    return _Probs(logz, last, root, seg, trans)
+    return _Probs(logz, last, root, seg, trans, dtype)
 
 
 def _at_last(probs: _Probs, values: Tensor) -> Tensor:
@@ -270,7 +289,7 @@ def _outside(probs: _Probs) -> _Outside:
     g_alpha, g_beta = _adjoint_sweep(probs, _at_last(probs, probs.root), zeros)
     segments = _by_start((probs.seg * g_alpha.unsqueeze(2)).flip(2))
     pairs = (probs.trans * g_beta[:, 1:].unsqueeze(2)).sum(1)
-    return _Outside(g_alpha, g_beta, segments, pairs)
+    return _Outside(g_alpha, g_beta, segments.to(probs.dtype), pairs.to(probs.dtype))
 
 
 def _hvp(probs: _Probs, out: _Outside, d_seg: Tensor, d_trans: Tensor) -> tuple[Tensor, Tensor]:
@@ -283,6 +302,7 @@ def _hvp(probs: _Probs, out: _Outside, d_seg: Tensor, d_trans: Tensor) -> tuple[
     the rest a source term computed for all positions at once. Time O(B N (K C + C^2)) in
     2N sequential steps; out-of-place operations only (the direction may be a
     ``torch.func`` wrapper)."""
+    d_seg, d_trans = d_seg.to(probs.seg.dtype), d_trans.to(probs.seg.dtype)
     d_ends = segments_by_end(d_seg, 0.0).flip(2)  # [B, N, K, C], window order
     src_alpha = (probs.seg * d_ends).sum(2)  # [B, N, C]
     src_beta = (probs.trans * d_trans.unsqueeze(1)).sum(2)  # [B, N - 1, C]: positions 1..
@@ -301,7 +321,7 @@ def _hvp(probs: _Probs, out: _Outside, d_seg: Tensor, d_trans: Tensor) -> tuple[
     a_bar, b_bar = _adjoint_sweep(probs, src_alpha, src_beta)
     hvp_seg = _by_start((probs.seg * a_bar.unsqueeze(2) + x_seg).flip(2))
     hvp_trans = (probs.trans * b_bar[:, 1:].unsqueeze(2)).sum(1) + x_trans.sum(1)
-    return hvp_seg, hvp_trans
+    return hvp_seg.to(probs.dtype), hvp_trans.to(probs.dtype)
 
 
 class _SemiMarkovLogPartition(torch.autograd.Function):
@@ -320,7 +340,7 @@ class _SemiMarkovLogPartition(torch.autograd.Function):
         last = last_index(lengths, batch, size, segment_scores.device)
         probs = _forward_pass(segment_scores, transitions, last)
         stash.value = probs
-        return probs.logz
+        return probs.logz.to(probs.dtype)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
