@@ -116,9 +116,12 @@ def _ops(section: str, n: int, labels: int, batch: int) -> dict[str, Callable[[]
     return ops
 
 
-def _variants(section: str, op: str, call: Callable[[], object]) -> dict[str, Callable[[], object]]:
+def _variants(
+    section: str, op: str, call: Callable[[], object], forced_paths: bool = True
+) -> dict[str, Callable[[], object]]:
     """``kernels`` (the dispatch's choice) and ``pytorch``; for projective log Z and
-    marginals ``fused`` and ``aten`` (both kernel paths forced) instead of ``kernels``."""
+    marginals ``fused`` and ``aten`` (both kernel paths forced) instead of ``kernels`` unless
+    not ``forced_paths``."""
     from structattn.structs._extension import kernels_disabled
     from structattn.structs.dependency import _FUSED_SIZE
 
@@ -133,22 +136,30 @@ def _variants(section: str, op: str, call: Callable[[], object]) -> dict[str, Ca
 
         return run
 
-    if section == "tree" and op != "argmax":
+    if forced_paths and section == "tree" and op != "argmax":
         return {"fused": forced(_FUSED_SIZE), "aten": forced(0), "pytorch": pytorch}
     return {"kernels": call, "pytorch": pytorch}
 
 
 def audit_row(
-    section: str, n: int, labels: int, op: str, call: Callable[[], object], repeats: int
+    section: str,
+    n: int,
+    labels: int,
+    op: str,
+    call: Callable[[], object],
+    repeats: int,
+    forced_paths: bool = True,
 ) -> dict[str, Any]:
     from timing import time_interleaved
 
-    results = time_interleaved(_variants(section, op, call), repeats, warmup=1)
+    variants = _variants(section, op, call, forced_paths)
+    results = time_interleaved(variants, repeats, warmup=1)
     row: dict[str, Any] = {"section": section, "n": n, "labels": labels, "op": op}
-    if "fused" in results:  # what the dispatch picks for this size on this clone
+    if section == "tree" and op != "argmax":  # what the dispatch picks on this clone
         from structattn.structs.dependency import _fused
 
         row["dispatch"] = "fused" if _fused(n) else "aten"
+    if "fused" in results:
         results["kernels"] = results[row["dispatch"]]
     for name, result in results.items():
         row[f"{name}_ms"] = result.minimum * 1e3
@@ -160,12 +171,14 @@ def audit_row(
     return row
 
 
-def configs(section: str, sizes: Sequence[int] | None) -> list[tuple[int, int]]:
+def configs(
+    section: str, sizes: Sequence[int] | None, labels: Sequence[int] | None = None
+) -> list[tuple[int, int]]:
     if section == "tree":
         return [(n, 0) for n in sizes or TREE_SIZES]
     if section == "nonproj":
         return [(n, 0) for n in sizes or NONPROJ_SIZES]
-    return [(n, c) for n in sizes or CHAIN_SIZES for c in CHAIN_LABELS]
+    return [(n, c) for n in sizes or CHAIN_SIZES for c in labels or CHAIN_LABELS]
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -196,7 +209,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clone", choices=tuple(CLONE_CAPABILITY))
     parser.add_argument("--only", action="append", choices=SECTIONS)
     parser.add_argument("--sizes", help="comma-separated N (default: the section's sizes)")
+    parser.add_argument("--labels", help="chains: comma-separated C (default: 2,10,16,25)")
     parser.add_argument("--ops", help="comma-separated operations (default: all)")
+    parser.add_argument(
+        "--dispatch-only",
+        action="store_true",
+        help="projective trees: time only the path the dispatch picks (not both forced)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
@@ -225,13 +244,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(HEADER, flush=True)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     wanted = set(args.ops.split(",")) if args.ops else None
+    labels = [int(c) for c in args.labels.split(",")] if args.labels else None
     rows = []
     for section in args.only or SECTIONS:
-        for n, labels in configs(section, sizes):
-            for op, call in _ops(section, n, labels, args.batch).items():
+        for n, c in configs(section, sizes, labels):
+            for op, call in _ops(section, n, c, args.batch).items():
                 if wanted is not None and op not in wanted:
                     continue
-                row = audit_row(section, n, labels, op, call, args.repeats)
+                forced = not args.dispatch_only
+                row = audit_row(section, n, c, op, call, args.repeats, forced)
                 rows.append(row)
                 print(format_row(row), flush=True)
                 if args.json:
