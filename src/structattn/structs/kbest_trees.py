@@ -114,6 +114,25 @@ def _eisner_kbest_scores(arc_scores: Tensor, last: Tensor, multiroot: bool, k: i
     return top.gather(1, (last - 1).view(-1, 1, 1).expand(-1, 1, k)).squeeze(1)
 
 
+def _rank_arcs(top: Tensor, leaf: Tensor) -> Tensor:
+    """The arcs [K, B, N, N] (0/1) of the trees whose scores are ``top`` [B, K], a
+    differentiable function of the arc scores ``leaf`` [B, N, N] (the k-best semiring's
+    scores: the gradient of rank r is its tree's arcs)."""
+    batch, k = top.shape
+    if k <= _EXACT_BITS.get(top.dtype, 0):
+        # one backward pass: seeding rank r with 2^r makes each arc's gradient the bit
+        # mask of the trees that hold it (sums of distinct powers of two are exact)
+        seed = 2.0 ** torch.arange(k, dtype=top.dtype, device=top.device)
+        (grad,) = torch.autograd.grad(top, leaf, seed.expand(batch, k))
+        bits = grad.detach().round().long()  # [B, N, N]
+        rank = torch.arange(k, device=bits.device).view(-1, 1, 1, 1)
+        return ((bits.unsqueeze(0) >> rank) & 1).to(top.dtype)
+    # one backward pass per rank
+    return torch.stack(
+        [torch.autograd.grad(top[:, r].sum(), leaf, retain_graph=r < k - 1)[0] for r in range(k)]
+    ).detach()
+
+
 def _indicators_to_heads(arcs: Tensor, missing: Tensor) -> Tensor:
     """Heads [..., N] from arc indicators [..., N, N]; -1 at words without an arc and
     everywhere where ``missing`` [...]."""
@@ -138,23 +157,8 @@ def eisner_kbest(arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, k:
     with torch.inference_mode(False), torch.enable_grad():
         leaf = arc_scores.detach().clone().requires_grad_(True)
         top = _eisner_kbest_scores(leaf, last, multiroot, k)  # [B, K]
-        if k <= _EXACT_BITS.get(top.dtype, 0):
-            # one backward pass: seeding rank r with 2^r makes each arc's gradient the bit
-            # mask of the trees that hold it (sums of distinct powers of two are exact)
-            seed = 2.0 ** torch.arange(k, dtype=top.dtype, device=top.device)
-            (grad,) = torch.autograd.grad(top, leaf, seed.expand(batch, k))
-            bits = grad.detach().round().long()  # [B, N, N]
-            rank = torch.arange(k, device=bits.device).view(-1, 1, 1, 1)
-            grads = ((bits.unsqueeze(0) >> rank) & 1).to(top.dtype)
-        else:  # one backward pass per rank
-            grads = torch.stack(
-                [
-                    torch.autograd.grad(top[:, r].sum(), leaf, retain_graph=r < k - 1)[0]
-                    for r in range(k)
-                ]
-            )
-    # grads [K, B, N, N]: the arcs of the r-th tree
-    return _indicators_to_heads(grads.detach(), torch.isneginf(top.detach()).t())
+        grads = _rank_arcs(top, leaf)
+    return _indicators_to_heads(grads, torch.isneginf(top.detach()).t())
 
 
 def _heads_score(scores: Tensor, heads: Tensor) -> Tensor:

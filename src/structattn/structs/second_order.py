@@ -31,7 +31,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import Semiring
 from .dependency import _arcs_by_width
-from .kbest_trees import _EXACT_BITS, _indicators_to_heads, _rank_pairs, _top
+from .kbest_trees import _indicators_to_heads, _rank_arcs, _rank_pairs, _top
 
 __all__ = ["second_order_inside", "second_order_kbest", "sibling_score"]
 
@@ -221,17 +221,5 @@ def second_order_kbest(
     with torch.inference_mode(False), torch.enable_grad():
         leaf = arc_scores.detach().clone().requires_grad_(True)
         top = _second_order_kbest_scores(leaf, sibling_scores.detach(), last, k)  # [B, K]
-        if k <= _EXACT_BITS.get(top.dtype, 0):
-            seed = 2.0 ** torch.arange(k, dtype=top.dtype, device=top.device)
-            (grad,) = torch.autograd.grad(top, leaf, seed.expand(batch, k))
-            bits = grad.detach().round().long()  # [B, N, N]
-            rank = torch.arange(k, device=bits.device).view(-1, 1, 1, 1)
-            grads = ((bits.unsqueeze(0) >> rank) & 1).to(top.dtype)
-        else:  # one backward pass per rank
-            grads = torch.stack(
-                [
-                    torch.autograd.grad(top[:, r].sum(), leaf, retain_graph=r < k - 1)[0]
-                    for r in range(k)
-                ]
-            )
-    return _indicators_to_heads(grads.detach(), torch.isneginf(top.detach()).t())
+        grads = _rank_arcs(top, leaf)
+    return _indicators_to_heads(grads, torch.isneginf(top.detach()).t())
