@@ -424,7 +424,7 @@ def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     torch.testing.assert_close(compiled(x, padding), loss(x, padding))
 
 
-@pytest.mark.parametrize("normalizer", ["projective", "segmentation"])
+@pytest.mark.parametrize("normalizer", ["projective", "segmentation", *_SPAN_HEADS])
 def test_compile_fullgraph_under_autocast_and_inference_mode(normalizer: str) -> None:
     """Under bfloat16 autocast (inference in float32 inside: no graph break) and under
     ``torch.inference_mode``, compiled whole, with the eager result."""
@@ -474,10 +474,11 @@ def test_compile_fullgraph_span_layers_equal_eager(name: str) -> None:
     torch.testing.assert_close(compiled(x, ~padding), loss(x, ~padding))
 
 
-def test_compile_dynamic_shapes() -> None:
+@pytest.mark.parametrize("normalizer", ["projective", *_SPAN_HEADS])
+def test_compile_dynamic_shapes(normalizer: str) -> None:
     """``dynamic=True`` (symbolic shapes through the operators' fake implementations): other
     batch sizes, lengths and padding give the eager result."""
-    model, loss = _layer_loss("projective")
+    model, loss = _layer_loss(normalizer)
     torch._dynamo.reset()
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
     for lengths, seed in (([5, 3], 0), ([4, 2, 5], 1)):
