@@ -31,7 +31,14 @@ from structattn.attention import StructuredMultiheadAttention
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, loaded by path too
 from warm_calls import timed  # noqa: E402
 
-HEADS = ("projective", "non-projective", "segmentation", "mean-field")
+HEADS = (
+    "projective",
+    "non-projective",
+    "segmentation",
+    "mean-field",
+    "constituency",
+    "semi-markov",
+)
 
 
 def _step(model: StructuredMultiheadAttention) -> Callable[[Tensor, Tensor], Tensor]:

@@ -34,7 +34,9 @@ from structattn.distributions import (
 )
 from structattn.structs._extension import kernels_disabled
 from structattn.structs._ops import sync_free
+from structattn.structs.constituency import cky_log_partition, cky_marginals
 from structattn.structs.mean_field import mean_field_marginals
+from structattn.structs.semi_markov import semi_markov_log_partition, semi_markov_marginals
 
 F64 = torch.float64
 
@@ -296,7 +298,8 @@ def test_jit_trace_and_onnx_refuse_instead_of_a_wrong_model(normalizer: str) -> 
 
 
 @pytest.mark.parametrize(
-    "normalizer", ["projective", "non-projective", "segmentation", "mean-field"]
+    "normalizer",
+    ["projective", "non-projective", "segmentation", "mean-field", "constituency", "semi-markov"],
 )
 def test_torch_export_gives_the_eager_result_on_new_inputs(normalizer: str) -> None:
     """Exported with one padding mask, run with another: the eager result (the mask is an
@@ -351,8 +354,14 @@ _COMPILED: dict[str, tuple[Make, tuple[int, ...]]] = {
         "projective",
         "non-projective",
         "split-tree",
+        "constituency",
+        "semi-markov",
     )
 }
+_COMPILED["constituency-labelled"] = (
+    lambda x, v: TreeCRF(x, torch.tensor([4, 3]), validate_args=v),
+    (2, 4, 4, 3),
+)
 _HEADS = ["projective", "non-projective", "segmentation", "mean-field"]
 _SPAN_HEADS = ["constituency", "semi-markov"]
 
@@ -396,7 +405,7 @@ def test_compile_fullgraph_distributions_equal_eager(name: str) -> None:
     torch.testing.assert_close(values[1], values[0])
 
 
-@pytest.mark.parametrize("normalizer", _HEADS)
+@pytest.mark.parametrize("normalizer", [*_HEADS, *_SPAN_HEADS])
 def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     model, loss = _layer_loss(normalizer)
     x, padding = _inputs([5, 3], 0)
@@ -415,7 +424,7 @@ def test_compile_fullgraph_layers_equal_eager(normalizer: str) -> None:
     torch.testing.assert_close(compiled(x, padding), loss(x, padding))
 
 
-@pytest.mark.parametrize("normalizer", ["projective", "segmentation"])
+@pytest.mark.parametrize("normalizer", ["projective", "segmentation", *_SPAN_HEADS])
 def test_compile_fullgraph_under_autocast_and_inference_mode(normalizer: str) -> None:
     """Under bfloat16 autocast (inference in float32 inside: no graph break) and under
     ``torch.inference_mode``, compiled whole, with the eager result."""
@@ -434,10 +443,42 @@ def test_compile_fullgraph_under_autocast_and_inference_mode(normalizer: str) ->
         torch.testing.assert_close(compiled(x, padding), loss(x, padding))
 
 
-def test_compile_dynamic_shapes() -> None:
+def _span_layer(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "semi-markov-segmentation":
+        return SemiMarkovSegmentationAttention(8, max_width=2, validate_args=False)
+    return SpanAttention(8, structure=name, validate_args=False)
+
+
+@pytest.mark.parametrize("name", ["constituency", "semi-markov", "semi-markov-segmentation"])
+def test_compile_fullgraph_span_layers_equal_eager(name: str) -> None:
+    """SpanAttention (constituency, semi-Markov) and SemiMarkovSegmentationAttention: one
+    graph, the eager values and gradients (inputs and parameters), a new mask as input."""
+    layer = _span_layer(name)
+
+    def loss(x: Tensor, mask: Tensor) -> Tensor:
+        return layer(x, x, mask).context.square().sum()
+
+    x, padding = _inputs([5, 3], 0)
+    assert _graph_breaks(loss, x, ~padding) == []
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for fn in (loss, compiled):
+        layer.zero_grad()
+        leaf = x.clone().requires_grad_(True)
+        value = fn(leaf, ~padding)
+        value.backward()
+        grads.append([value.detach(), leaf.grad, *(p.grad for p in layer.parameters())])
+    torch.testing.assert_close(grads[1], grads[0])
+    x, padding = _inputs([2, 4], 1)
+    torch.testing.assert_close(compiled(x, ~padding), loss(x, ~padding))
+
+
+@pytest.mark.parametrize("normalizer", ["projective", *_SPAN_HEADS])
+def test_compile_dynamic_shapes(normalizer: str) -> None:
     """``dynamic=True`` (symbolic shapes through the operators' fake implementations): other
     batch sizes, lengths and padding give the eager result."""
-    model, loss = _layer_loss("projective")
+    model, loss = _layer_loss(normalizer)
     torch._dynamo.reset()
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
     for lengths, seed in (([5, 3], 0), ([4, 2, 5], 1)):
@@ -509,6 +550,42 @@ def test_custom_chain_ops(shared: bool) -> None:
     assert torch.autograd.gradgradcheck(
         lambda u, p: ops.chain_log_partition(u, p, lengths, "auto"), leaves
     )
+
+
+def _span_potentials(name: str) -> tuple[Tensor, ...]:
+    """Potentials of the span operators: (span scores [2, 4, 4]) or (segment scores
+    [2, 4, 3, 2], transitions [2, 2, 2])."""
+    if name == "cky":
+        return (_potentials((2, 4, 4)),)
+    return _potentials((2, 4, 3, 2)), _potentials((2, 2, 2), 1)
+
+
+@pytest.mark.parametrize("name", ["cky", "semi_markov"])
+def test_custom_span_ops(name: str) -> None:
+    """``torch.library.opcheck`` of the span operators (CKY, semi-Markov); gradcheck of log
+    Z and the marginals, gradgradcheck of log Z (the marginals' backward is the
+    Hessian-vector product operator); the operators equal the eager functions."""
+    ops = torch.ops.structattn
+    logz, marginals = getattr(ops, f"{name}_log_partition"), getattr(ops, f"{name}_marginals")
+    hvp = getattr(ops, f"{name}_hvp")
+    raw = _span_potentials(name)
+    lengths = torch.tensor([4, 3])
+    leaves = tuple(t.clone().requires_grad_(True) for t in raw)
+    for op in (logz, marginals):
+        torch.library.opcheck(op, (*leaves, lengths))
+    directions = tuple(_potentials(tuple(t.shape), 5 + i) for i, t in enumerate(raw))
+    torch.library.opcheck(hvp, (*raw, lengths, *directions))
+    assert torch.autograd.gradcheck(lambda *a: logz(*a, lengths), leaves)
+    assert torch.autograd.gradcheck(lambda *a: marginals(*a, lengths), leaves)
+    assert torch.autograd.gradgradcheck(lambda *a: logz(*a, lengths), leaves)
+    if name == "cky":
+        eager = (cky_log_partition(*raw, lengths), cky_marginals(*raw, lengths))
+    else:
+        eager = (
+            semi_markov_log_partition(*raw, lengths),
+            semi_markov_marginals(*raw, lengths),
+        )
+    torch.testing.assert_close((logz(*raw, lengths), marginals(*raw, lengths)), eager)
 
 
 # ---- the layers' validate_args switch (#38.5) -----------------------------------------------

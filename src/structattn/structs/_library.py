@@ -26,6 +26,11 @@ are not carried from one operator to the next (a graph holds tensors only): the 
 operator of a backward redoes the inside pass, and the Hessian-vector product the inside
 and outside passes.
 
+The operators: ``eisner_*`` and ``matrix_tree_*`` (dependency trees, :func:`tree_ops`),
+``chain_*`` (linear chains, :func:`chain_ops`), ``cky_*`` (binary bracketings, unlabelled
+and labelled alike: the labels are summed out before the operator, :func:`cky_ops`) and
+``semi_markov_*`` (labelled segmentations, :func:`semi_markov_ops`).
+
 A graph with these operators runs where ``structattn`` is imported (``torch.export``'s
 program calls them by name, like any custom operator).
 """
@@ -41,7 +46,15 @@ from torch import Tensor
 
 from .._validation import tracing
 
-__all__ = ["NAMESPACE", "autograd_dispatch", "chain_ops", "tracing", "tree_ops"]
+__all__ = [
+    "NAMESPACE",
+    "autograd_dispatch",
+    "chain_ops",
+    "cky_ops",
+    "semi_markov_ops",
+    "tracing",
+    "tree_ops",
+]
 
 #: the namespace of the operators: ``torch.ops.structattn.<name>``
 NAMESPACE = "structattn"
@@ -236,4 +249,154 @@ def chain_ops(
 
     _register_autograd("chain_log_partition", logz_backward, logz_setup)
     _register_autograd("chain_marginals", marginals_backward, marginals_setup)
+    return logz, marg
+
+
+def _fresh(x: Tensor) -> Tensor:
+    """``x`` contiguous (the strides the fake implementations give)."""
+    return x.contiguous()
+
+
+def cky_ops(
+    log_partition: Callable[[Tensor, Tensor | None], Tensor],
+    marginals: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]],
+) -> tuple[Any, Any]:
+    """(log Z op, marginals op) of binary bracketings: span scores [B, N, N], lengths [B] or
+    None. ``marginals(scores, lengths)`` is the eager function returning (log Z [B], span
+    marginals [B, N, N]) in one autograd node (differentiable in ``scores``: its backward
+    is the hand-written Hessian-vector product); the marginals operator returns the same
+    pair (log Z's gradient is the marginals, registered too)."""
+
+    def logz_impl(scores: Tensor, lengths: Tensor | None) -> Tensor:
+        with autograd_dispatch(), torch.no_grad():
+            return _fresh(log_partition(scores.detach(), lengths))
+
+    def marginals_impl(scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+        with autograd_dispatch(), torch.no_grad():
+            logz, marg = marginals(scores.detach(), lengths)
+        return _fresh(logz), _fresh(marg)
+
+    def hvp_impl(scores: Tensor, lengths: Tensor | None, direction: Tensor) -> Tensor:
+        with autograd_dispatch(), torch.enable_grad():
+            leaf = scores.detach().requires_grad_(True)
+            _, out = marginals(leaf, lengths)
+            (hvp,) = torch.autograd.grad(out, leaf, direction, materialize_grads=True)
+        return _fresh(hvp)
+
+    args = "Tensor span_scores, Tensor? lengths"
+    logz = _define(
+        "cky_log_partition",
+        f"({args}) -> Tensor",
+        logz_impl,
+        lambda scores, lengths: scores.new_empty(scores.shape[0]),
+    )
+    marg = _define(
+        "cky_marginals",
+        f"({args}) -> (Tensor, Tensor)",
+        marginals_impl,
+        lambda scores, lengths: (scores.new_empty(scores.shape[0]), scores.new_empty(scores.shape)),
+    )
+    hvp = _define(
+        "cky_hvp",
+        f"({args}, Tensor direction) -> Tensor",
+        hvp_impl,
+        lambda scores, lengths, direction: scores.new_empty(scores.shape),
+    )
+
+    def logz_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    def logz_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        scores, lengths = ctx.saved_tensors
+        _, unit = marg(scores, lengths)
+        return grad[:, None, None] * unit, None
+
+    def marginals_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs, output[1])
+
+    def marginals_backward(ctx: Any, g_logz: Tensor, g_marg: Tensor) -> tuple[Tensor, None]:
+        scores, lengths, unit = ctx.saved_tensors
+        out = hvp(scores, lengths, g_marg)
+        if g_logz is not None:  # log Z's gradient: the marginals
+            out = out + g_logz[:, None, None] * unit
+        return out, None
+
+    _register_autograd("cky_log_partition", logz_backward, logz_setup)
+    _register_autograd("cky_marginals", marginals_backward, marginals_setup)
+    return logz, marg
+
+
+def semi_markov_ops(
+    log_partition: Callable[[Tensor, Tensor, Tensor | None], Tensor],
+    marginals: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor]],
+) -> tuple[Any, Any]:
+    """(log Z op, marginals op) of labelled segmentations: segment scores [B, N, K, C],
+    transitions [B, C, C], lengths [B] or None. The marginals op returns (segment marginals
+    [B, N, K, C], transition marginals [B, C, C]); ``marginals`` is the eager function
+    (one autograd node whose backward is the hand-written Hessian-vector product)."""
+
+    def logz_impl(segments: Tensor, transitions: Tensor, lengths: Tensor | None) -> Tensor:
+        with autograd_dispatch(), torch.no_grad():
+            return _fresh(log_partition(segments.detach(), transitions.detach(), lengths))
+
+    def marginals_impl(
+        segments: Tensor, transitions: Tensor, lengths: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        with autograd_dispatch(), torch.no_grad():
+            segs, pairs = marginals(segments.detach(), transitions.detach(), lengths)
+        return _fresh(segs), _fresh(pairs)
+
+    def hvp_impl(
+        segments: Tensor,
+        transitions: Tensor,
+        lengths: Tensor | None,
+        g_seg: Tensor,
+        g_trans: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        with autograd_dispatch(), torch.enable_grad():
+            leaves = (
+                segments.detach().requires_grad_(True),
+                transitions.detach().requires_grad_(True),
+            )
+            outs = marginals(*leaves, lengths)
+            d_seg, d_trans = torch.autograd.grad(
+                outs, leaves, (g_seg, g_trans), materialize_grads=True
+            )
+        return _fresh(d_seg), _fresh(d_trans)
+
+    def pair_fake(segments: Tensor, transitions: Tensor, *_: Any) -> tuple[Tensor, Tensor]:
+        return segments.new_empty(segments.shape), transitions.new_empty(transitions.shape)
+
+    args = "Tensor segment_scores, Tensor transitions, Tensor? lengths"
+    logz = _define(
+        "semi_markov_log_partition",
+        f"({args}) -> Tensor",
+        logz_impl,
+        lambda segments, transitions, lengths: segments.new_empty(segments.shape[0]),
+    )
+    marg = _define(
+        "semi_markov_marginals", f"({args}) -> (Tensor, Tensor)", marginals_impl, pair_fake
+    )
+    hvp = _define(
+        "semi_markov_hvp",
+        f"({args}, Tensor g_segments, Tensor g_transitions) -> (Tensor, Tensor)",
+        hvp_impl,
+        pair_fake,
+    )
+
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    def logz_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        segments, transitions, lengths = ctx.saved_tensors
+        segs, pairs = marg(segments, transitions, lengths)
+        return segs * grad[:, None, None, None], pairs * grad[:, None, None], None
+
+    def marginals_backward(ctx: Any, g_seg: Tensor, g_trans: Tensor) -> tuple[Tensor, Tensor, None]:
+        segments, transitions, lengths = ctx.saved_tensors
+        d_seg, d_trans = hvp(segments, transitions, lengths, g_seg, g_trans)
+        return d_seg, d_trans, None
+
+    _register_autograd("semi_markov_log_partition", logz_backward, setup)
+    _register_autograd("semi_markov_marginals", marginals_backward, setup)
     return logz, marg

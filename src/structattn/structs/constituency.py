@@ -30,6 +30,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
+from ._library import cky_ops, tracing
 from ._ops import Stash, is_transformed, tensor_cache, vmap_by_folding
 
 __all__ = [
@@ -556,6 +557,8 @@ def cky_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`. Works under
     ``torch.func`` transforms (``vmap`` folds into the batch; ``jvp`` by the marginals)."""
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.cky_log_partition(span_scores, lengths)
     return _CKYLogPartition.apply(span_scores, lengths, Stash())
 
 
@@ -568,6 +571,9 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
     gather and reduction each), memory O(B N^2) plus O(N^3) cached indices. An item with no
     tree has zero marginals. ``span_scores`` as for :func:`cky_inside`. Under ``torch.func``
     transforms the charts are computed inside the Function (whose vmap rule folds)."""
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        logz, marginals = torch.ops.structattn.cky_marginals(span_scores, lengths)
+        return logz.detach(), marginals
     seed = span_scores.new_ones(span_scores.shape[0])
     if is_transformed(span_scores):
         with torch.no_grad():
@@ -578,6 +584,10 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
         charts = _cky_charts(span_scores.detach(), lengths)
     marginals = _CKYMarginals.apply(span_scores, seed, lengths, charts, Stash())
     return charts.logz, marginals
+
+
+# the custom operators torch.compile and torch.export trace (._library)
+cky_ops(cky_log_partition, cky_marginals)
 
 
 def _topk(x: Tensor, k: int) -> Tensor:

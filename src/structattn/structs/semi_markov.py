@@ -36,6 +36,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
+from ._library import semi_markov_ops, tracing
 from ._ops import Stash, is_transformed, tensor_cache, vmap_by_folding
 
 __all__ = [
@@ -541,6 +542,8 @@ def semi_markov_log_partition(
     Hessian-vector product as the backward of that (:class:`_SemiMarkovMarginals`).
     ``transitions`` [B, C, C]; ``segment_scores`` as for :func:`semi_markov_inside`.
     Works under ``torch.func`` transforms (vmap folds into the batch; jvp by hand)."""
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        return torch.ops.structattn.semi_markov_log_partition(segment_scores, transitions, lengths)
     return _SemiMarkovLogPartition.apply(segment_scores, transitions, lengths, Stash())
 
 
@@ -554,6 +557,10 @@ def semi_markov_marginals(
     structured attention trains through). Time O(B N (K C + C^2)) per pass in N sequential
     steps, memory O(B N (K C + C^2)). An item with no segmentation has zero marginals.
     Arguments as :func:`semi_markov_log_partition`."""
+    if tracing():  # torch.compile, torch.export: one custom operator (._library)
+        ops = torch.ops.structattn
+        segs, pairs = ops.semi_markov_marginals(segment_scores, transitions, lengths)
+        return segs, pairs
     probs = None
     if not (is_transformed(segment_scores) or is_transformed(transitions)):
         batch, size = segment_scores.shape[:2]
@@ -565,3 +572,7 @@ def semi_markov_marginals(
         segment_scores, transitions, seed, lengths, probs, Stash()
     )
     return segs, pairs
+
+
+# the custom operators torch.compile and torch.export trace (._library)
+semi_markov_ops(semi_markov_log_partition, semi_markov_marginals)
