@@ -282,7 +282,7 @@ def _inputs(lengths: list[int], seed: int) -> tuple[Tensor, Tensor]:
     return x, padding
 
 
-_STRUCTURED = ["projective", "non-projective", "segmentation"]
+_STRUCTURED = ["projective", "non-projective", "segmentation", "constituency", "semi-markov"]
 
 
 @pytest.mark.parametrize("normalizer", _STRUCTURED)

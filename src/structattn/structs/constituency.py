@@ -31,7 +31,7 @@ from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
 from ._library import cky_ops, tracing
-from ._ops import Stash, is_transformed, tensor_cache, vmap_by_folding
+from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
 
 __all__ = [
     "cky_inside",
@@ -557,6 +557,7 @@ def cky_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
     hand-written outside pass as its backward and a hand-written Hessian-vector product as
     the backward of that. ``span_scores`` [B, N, N] as for :func:`cky_inside`. Works under
     ``torch.func`` transforms (``vmap`` folds into the batch; ``jvp`` by the marginals)."""
+    refuse_jit_trace("A constituency-tree CRF")
     if tracing():  # torch.compile, torch.export: one custom operator (._library)
         return torch.ops.structattn.cky_log_partition(span_scores, lengths)
     return _CKYLogPartition.apply(span_scores, lengths, Stash())
@@ -571,6 +572,7 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
     gather and reduction each), memory O(B N^2) plus O(N^3) cached indices. An item with no
     tree has zero marginals. ``span_scores`` as for :func:`cky_inside`. Under ``torch.func``
     transforms the charts are computed inside the Function (whose vmap rule folds)."""
+    refuse_jit_trace("A constituency-tree CRF")
     if tracing():  # torch.compile, torch.export: one custom operator (._library)
         logz, marginals = torch.ops.structattn.cky_marginals(span_scores, lengths)
         return logz.detach(), marginals

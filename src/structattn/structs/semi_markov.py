@@ -37,7 +37,7 @@ from .._precision import full_precision
 from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._library import semi_markov_ops, tracing
-from ._ops import Stash, is_transformed, tensor_cache, vmap_by_folding
+from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
 
 __all__ = [
     "segment_mask",
@@ -542,6 +542,7 @@ def semi_markov_log_partition(
     Hessian-vector product as the backward of that (:class:`_SemiMarkovMarginals`).
     ``transitions`` [B, C, C]; ``segment_scores`` as for :func:`semi_markov_inside`.
     Works under ``torch.func`` transforms (vmap folds into the batch; jvp by hand)."""
+    refuse_jit_trace("A semi-Markov CRF")
     if tracing():  # torch.compile, torch.export: one custom operator (._library)
         return torch.ops.structattn.semi_markov_log_partition(segment_scores, transitions, lengths)
     return _SemiMarkovLogPartition.apply(segment_scores, transitions, lengths, Stash())
@@ -557,6 +558,7 @@ def semi_markov_marginals(
     structured attention trains through). Time O(B N (K C + C^2)) per pass in N sequential
     steps, memory O(B N (K C + C^2)). An item with no segmentation has zero marginals.
     Arguments as :func:`semi_markov_log_partition`."""
+    refuse_jit_trace("A semi-Markov CRF")
     if tracing():  # torch.compile, torch.export: one custom operator (._library)
         ops = torch.ops.structattn
         segs, pairs = ops.semi_markov_marginals(segment_scores, transitions, lengths)
