@@ -30,6 +30,49 @@ def is_transformed(x: object) -> bool:
     return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
 
 
+def outer_jvp(body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)`` for a Function's ``jvp`` (``args``: its saved tensors and tangents),
+    computed so that enclosing ``torch.func`` levels differentiate it.
+
+    PyTorch calls ``jvp`` with forward-mode AD off and the Function's own ``torch.func``
+    level current: the tensors are wrapped at that level. Here that level is taken off the
+    stack (as ``torch.func`` does around ``forward``), the tensors unwrapped from it,
+    forward mode switched on for the enclosing levels, and the tensor outputs wrapped back.
+    Without ``torch.func`` (``torch.autograd.forward_ad``: one dual level) ``body`` runs as
+    called: forward mode stays off, autograd records it if grad mode is on."""
+    functorch = torch._C._functorch
+    if not torch._C._are_functorch_transforms_active():
+        return body(*args)
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+    from torch.autograd.forward_ad import _set_fwd_grad_enabled
+    from torch.utils._pytree import tree_map_only
+
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter.key() != torch._C._functorch.TransformType.Jvp:
+        return body(*args)
+    level = interpreter.level()
+    inner = tree_map_only(Tensor, lambda x: functorch._unwrap_for_grad(x, level), args)
+    with interpreter.lower(), torch.enable_grad(), _set_fwd_grad_enabled(True):
+        out = body(*inner)
+    return tree_map_only(Tensor, lambda x: functorch._wrap_for_grad(x, level), out)
+
+
+def differentiated(*tensors: Tensor | None) -> bool:
+    """Whether one of ``tensors`` is being differentiated by an enclosing transform: wrapped
+    at a ``torch.func`` grad or jvp level (vmap levels do not count), or requiring grad
+    with grad mode on. In a ``jvp`` body (:func:`outer_jvp`) this means its result is
+    differentiated again: it must come from differentiable operations of the inputs."""
+    functorch = torch._C._functorch
+    for x in tensors:
+        while isinstance(x, Tensor) and functorch.is_functorch_wrapped_tensor(x):
+            if not functorch.is_batchedtensor(x):
+                return True
+            x = functorch.get_unwrapped(x)
+        if isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled():
+            return True
+    return False
+
+
 def tracing() -> bool:
     """Whether tensors made now are a tracer's (``torch.compile``, ``torch.export``: fake,
     proxy or functional modes) rather than real ones."""
