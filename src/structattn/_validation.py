@@ -62,6 +62,10 @@ def differentiated(*tensors: Tensor | None) -> bool:
     at a ``torch.func`` grad or jvp level (vmap levels do not count), or requiring grad
     with grad mode on. In a ``jvp`` body (:func:`outer_jvp`) this means its result is
     differentiated again: it must come from differentiable operations of the inputs."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace the functorch queries
+        return torch.is_grad_enabled() and any(
+            isinstance(x, Tensor) and x.requires_grad for x in tensors
+        )
     functorch = torch._C._functorch
     for x in tensors:
         while isinstance(x, Tensor) and functorch.is_functorch_wrapped_tensor(x):
