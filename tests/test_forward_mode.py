@@ -188,3 +188,52 @@ def test_third_order_through_forward_mode() -> None:
 
     third = torch.autograd.functional.jacobian(autograd_hessian, x)
     torch.testing.assert_close(jacfwd(jacfwd(jacfwd(g)))(x), third)
+
+
+def test_vmap_over_forward_over_forward() -> None:
+    """A vmapped level around the two forward levels (it is not a differentiation level)."""
+    xs = torch.stack([_draw(2, 4, 4, seed=s) for s in range(2)])
+    f = _logz("projective")
+    got = torch.func.vmap(jacfwd(jacfwd(f)))(xs)
+    for v, x in enumerate(xs):
+        torch.testing.assert_close(got[v], _autograd_hessian(f, x))
+
+
+def _third(f: Callable[[Tensor], Tensor], x: Tensor, u: Tensor, v: Tensor, w: Tensor) -> Tensor:
+    """The third derivative of ``f`` at ``x`` along u, v, w by triple backward."""
+    leaf = x.clone().requires_grad_(True)
+    (g1,) = torch.autograd.grad(f(leaf), leaf, create_graph=True)
+    (g2,) = torch.autograd.grad((g1 * u).sum(), leaf, create_graph=True)
+    (g3,) = torch.autograd.grad((g2 * v).sum(), leaf)
+    return (g3 * w).sum()
+
+
+@pytest.mark.parametrize("name", ["chain-shared", "projective", "constituency", "split-tree"])
+def test_third_order_by_nested_jvp(name: str) -> None:
+    """jvp(jvp(jvp(f))) and grad over jvp(jvp(f)): a jvp whose result an enclosing level
+    differentiates runs torch.func through differentiable operations of the scores."""
+    _, shape = CASES[name]
+    x, u, v, w = (_draw(*shape, seed=s) for s in (0, 3, 4, 5))
+    f = _logz(name)
+
+    def twice(c: Tensor) -> Tensor:
+        return jvp(lambda b: jvp(f, (b,), (u,))[1], (c,), (v,))[1]
+
+    expected = _third(f, x, u, v, w)
+    torch.testing.assert_close(jvp(twice, (x,), (w,))[1], expected)
+    torch.testing.assert_close((torch.func.grad(twice)(x) * w).sum(), expected)
+
+
+@pytest.mark.parametrize("name", ["chain-shared", "semi-markov"])
+def test_forward_over_the_backward_of_a_jvp_refuses(name: str) -> None:
+    """jvp(grad(jvp(f))) would differentiate a backward computed from saved constants:
+    a clear error, not a wrong value."""
+    _, shape = CASES[name]
+    x, u, v = (_draw(*shape, seed=s) for s in (0, 3, 4))
+    f = _logz(name)
+
+    def hvp_dot(c: Tensor) -> Tensor:
+        return (torch.func.grad(lambda b: jvp(f, (b,), (u,))[1])(c) * v).sum()
+
+    with pytest.raises(RuntimeError, match="forward mode over the reverse-mode derivative"):
+        jvp(hvp_dot, (x,), (u,))

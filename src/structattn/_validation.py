@@ -77,6 +77,33 @@ def differentiated(*tensors: Tensor | None) -> bool:
     return False
 
 
+def refuse_differentiated_backward(what: str, *tensors: Tensor | None) -> None:
+    """RuntimeError if a Function's hand-written backward, about to compute from constants
+    saved by its forward, runs at a ``torch.func`` grad level around which ``tensors`` are
+    still differentiated (``jvp(grad(jvp(f)))``: forward mode over the backward of a jvp, a
+    third derivative). Its result would be a constant for the enclosing level: a silently
+    wrong value; this refuses instead."""
+    if not torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+        return
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter.key() != torch._C._functorch.TransformType.Grad:
+        return
+    level = interpreter.level()
+    unwrapped = [
+        torch._C._functorch._unwrap_for_grad(x, level) if isinstance(x, Tensor) else x
+        for x in tensors
+    ]
+    if differentiated(*unwrapped):
+        raise RuntimeError(
+            f"{what}: forward mode over the reverse-mode derivative of a forward-mode "
+            "derivative (e.g. jvp(grad(jvp(f)))) is not supported (a third derivative "
+            "through the hand-written backward); use jvp(jvp(jvp(f))), grad(jvp(jvp(f))) or "
+            "torch.autograd, or torch.func.hessian / jacrev(jacrev(f)) for second order."
+        )
+
+
 def tracing() -> bool:
     """Whether tensors made now are a tracer's (``torch.compile``, ``torch.export``: fake,
     proxy or functional modes) rather than real ones."""

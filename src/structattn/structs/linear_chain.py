@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._precision import full_precision
-from .._validation import last_index, length_mask
+from .._validation import last_index, length_mask, refuse_differentiated_backward
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
 from ._library import chain_ops, tracing
@@ -839,7 +839,7 @@ class _ChainMarginals(torch.autograd.Function):
             if t_pair is not None and pairwise.dim() == 2:
                 t_pair = _per_step(t_pair, unary.shape[0], unary.shape[1])
             d_unary, d_pair = _hvp_of(
-                ctx, unary, pairwise, saved, t_unary, t_pair, False, by_autograd=False
+                ctx, unary, pairwise, lengths, saved, t_unary, t_pair, False, False
             )
             return (d_unary, d_pair) if ctx.edges_out else d_unary
 
@@ -855,7 +855,7 @@ class _ChainMarginals(torch.autograd.Function):
         if g_node is None and g_edge is None:
             return None, None, *nones
         shared = pairwise.dim() == 2
-        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, saved, g_node, g_edge, shared)
+        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, ctx.lengths, saved, g_node, g_edge, shared)
         return (
             d_unary if ctx.needs_input_grad[0] else None,
             d_pair if ctx.needs_input_grad[1] else None,
@@ -867,6 +867,7 @@ def _hvp_of(
     ctx: Any,
     unary: Tensor,
     pairwise: Tensor,
+    lengths: Tensor | None,
     saved: list[Tensor],
     g_node: Tensor | None,
     g_edge: Tensor | None,
@@ -875,14 +876,16 @@ def _hvp_of(
 ) -> tuple[Tensor, Tensor]:
     """The Hessian-vector product of :class:`_ChainMarginals` from its saved state (by
     autograd through the inside pass when grad mode is on outside ``torch.func`` and
-    ``by_autograd``)."""
+    ``by_autograd``); ``lengths``: the Function's (a jvp body passes them unwrapped from
+    its torch.func level)."""
     if by_autograd and torch.is_grad_enabled() and not is_transformed(unary):
-        return _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
+        return _hvp_by_autograd(unary, pairwise, lengths, g_node, g_edge)
+    refuse_differentiated_backward("LinearChainCRF marginals", unary, pairwise)
     if ctx.kernels is not None and not is_batched(g_node) and not is_batched(g_edge):
         trans, node, last = saved
         return ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
     if ctx.kernels is not None or not saved:  # a vmapped direction, or no stash: recompute
-        fw = _forward_pass(unary.detach(), pairwise.detach(), ctx.lengths, ctx.method)
+        fw = _forward_pass(unary.detach(), pairwise.detach(), lengths, ctx.method)
         fw = fw._replace(beta=_beta(fw))
     else:
         fw = _Pass(*saved)

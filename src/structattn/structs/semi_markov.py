@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .._precision import full_precision
-from .._validation import last_index
+from .._validation import last_index, refuse_differentiated_backward
 from ..semirings import LogSemiring, Semiring
 from ._ops import (
     Stash,
@@ -552,6 +552,7 @@ class _SemiMarkovMarginals(torch.autograd.Function):
         wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         if wanted and torch.is_grad_enabled() and not is_transformed(g_seg):
             return (*_third_order(ctx, segment_scores, transitions, seed, g_seg, g_trans), *nones)
+        refuse_differentiated_backward("SemiMarkovCRF marginals", segment_scores, transitions)
         probs, out = _SemiMarkovMarginals._state(ctx, segment_scores, transitions)
         g_seed = None
         if ctx.needs_input_grad[2]:
