@@ -80,8 +80,8 @@ def differentiated(*tensors: Tensor | None) -> bool:
 def refuse_differentiated_backward(what: str, *tensors: Tensor | None) -> None:
     """RuntimeError if a Function's hand-written backward, about to compute from constants
     saved by its forward, runs at a ``torch.func`` grad level around which ``tensors`` are
-    still differentiated (``jvp(grad(jvp(f)))``: forward mode over the backward of a jvp, a
-    third derivative). Its result would be a constant for the enclosing level: a silently
+    still differentiated (``jvp(grad(jvp(f)))``, ``grad(grad(grad(f)))``: a third
+    derivative). Its result would be a constant for the enclosing level: a silently
     wrong value; this refuses instead."""
     if not torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
         return
@@ -97,10 +97,12 @@ def refuse_differentiated_backward(what: str, *tensors: Tensor | None) -> None:
     ]
     if differentiated(*unwrapped):
         raise RuntimeError(
-            f"{what}: forward mode over the reverse-mode derivative of a forward-mode "
-            "derivative (e.g. jvp(grad(jvp(f)))) is not supported (a third derivative "
-            "through the hand-written backward); use jvp(jvp(jvp(f))), grad(jvp(jvp(f))) or "
-            "torch.autograd, or torch.func.hessian / jacrev(jacrev(f)) for second order."
+            f"{what}: a third derivative under torch.func through the hand-written "
+            "Hessian-vector product (an enclosing transform differentiates a backward "
+            "computed from constants saved by the forward, e.g. jvp(grad(jvp(f))) or "
+            "grad(grad(grad(f)))) is not supported; use jvp(jvp(jvp(f))), "
+            "grad(jvp(jvp(f))) or torch.autograd.grad(create_graph=True) for third order "
+            "(torch.func.hessian or jacrev(jacrev(f)) for second order)."
         )
 
 
