@@ -23,7 +23,6 @@ from ._library import chain_ops, tracing
 from ._ops import (
     Stash,
     differentiated,
-    is_batched,
     is_transformed,
     outer_jvp,
     reads_host,
@@ -881,10 +880,11 @@ def _hvp_of(
     if by_autograd and torch.is_grad_enabled() and not is_transformed(unary):
         return _hvp_by_autograd(unary, pairwise, lengths, g_node, g_edge)
     refuse_differentiated_backward("LinearChainCRF marginals", unary, pairwise)
-    if ctx.kernels is not None and not is_batched(g_node) and not is_batched(g_edge):
+    if ctx.kernels is not None and not is_transformed(g_node) and not is_transformed(g_edge):
+        # (plain directions only: the kernels take no torch.func wrapper)
         trans, node, last = saved
         return ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
-    if ctx.kernels is not None or not saved:  # a vmapped direction, or no stash: recompute
+    if ctx.kernels is not None or not saved:  # a wrapped direction, or no stash: recompute
         fw = _forward_pass(unary.detach(), pairwise.detach(), lengths, ctx.method)
         fw = fw._replace(beta=_beta(fw))
     else:
