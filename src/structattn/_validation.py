@@ -30,6 +30,82 @@ def is_transformed(x: object) -> bool:
     return type(x) is not Tensor and not isinstance(x, torch.nn.Parameter)
 
 
+def outer_jvp(body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)`` for a Function's ``jvp`` (``args``: its saved tensors and tangents),
+    computed so that enclosing ``torch.func`` levels differentiate it.
+
+    PyTorch calls ``jvp`` with forward-mode AD off and the Function's own ``torch.func``
+    level current: the tensors are wrapped at that level. Here that level is taken off the
+    stack (as ``torch.func`` does around ``forward``), the tensors unwrapped from it,
+    forward mode switched on for the enclosing levels, and the tensor outputs wrapped back.
+    Without ``torch.func`` (``torch.autograd.forward_ad``: one dual level) ``body`` runs as
+    called: forward mode stays off, autograd records it if grad mode is on."""
+    functorch = torch._C._functorch
+    if not torch._C._are_functorch_transforms_active():
+        return body(*args)
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+    from torch.autograd.forward_ad import _set_fwd_grad_enabled
+    from torch.utils._pytree import tree_map_only
+
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter.key() != torch._C._functorch.TransformType.Jvp:
+        return body(*args)
+    level = interpreter.level()
+    inner = tree_map_only(Tensor, lambda x: functorch._unwrap_for_grad(x, level), args)
+    with interpreter.lower(), torch.enable_grad(), _set_fwd_grad_enabled(True):
+        out = body(*inner)
+    return tree_map_only(Tensor, lambda x: functorch._wrap_for_grad(x, level), out)
+
+
+def differentiated(*tensors: Tensor | None) -> bool:
+    """Whether one of ``tensors`` is being differentiated by an enclosing transform: wrapped
+    at a ``torch.func`` grad or jvp level (vmap levels do not count), or requiring grad
+    with grad mode on. In a ``jvp`` body (:func:`outer_jvp`) this means its result is
+    differentiated again: it must come from differentiable operations of the inputs."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace the functorch queries
+        return torch.is_grad_enabled() and any(
+            isinstance(x, Tensor) and x.requires_grad for x in tensors
+        )
+    functorch = torch._C._functorch
+    for x in tensors:
+        while isinstance(x, Tensor) and functorch.is_functorch_wrapped_tensor(x):
+            if not functorch.is_batchedtensor(x):
+                return True
+            x = functorch.get_unwrapped(x)
+        if isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled():
+            return True
+    return False
+
+
+def refuse_differentiated_backward(what: str, *tensors: Tensor | None) -> None:
+    """RuntimeError if a Function's hand-written backward, about to compute from constants
+    saved by its forward, runs at a ``torch.func`` grad level around which ``tensors`` are
+    still differentiated (``jvp(grad(jvp(f)))``, ``grad(grad(grad(f)))``: a third
+    derivative). Its result would be a constant for the enclosing level: a silently
+    wrong value; this refuses instead."""
+    if not torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+        return
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter.key() != torch._C._functorch.TransformType.Grad:
+        return
+    level = interpreter.level()
+    unwrapped = [
+        torch._C._functorch._unwrap_for_grad(x, level) if isinstance(x, Tensor) else x
+        for x in tensors
+    ]
+    if differentiated(*unwrapped):
+        raise RuntimeError(
+            f"{what}: a third derivative under torch.func through the hand-written "
+            "Hessian-vector product (an enclosing transform differentiates a backward "
+            "computed from constants saved by the forward, e.g. jvp(grad(jvp(f))) or "
+            "grad(grad(grad(f)))) is not supported; use jvp(jvp(jvp(f))), "
+            "grad(jvp(jvp(f))) or torch.autograd.grad(create_graph=True) for third order "
+            "(torch.func.hessian or jacrev(jacrev(f)) for second order)."
+        )
+
+
 def tracing() -> bool:
     """Whether tensors made now are a tracer's (``torch.compile``, ``torch.export``: fake,
     proxy or functional modes) rather than real ones."""

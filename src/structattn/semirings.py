@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._validation import tracing
+from ._validation import outer_jvp, tracing
 
 __all__ = ["LogSemiring", "MaxSemiring", "SampleSemiring", "Semiring", "logsumexp"]
 
@@ -44,9 +44,13 @@ class _LogSumExp(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, tangent: Tensor, _: None) -> Tensor:
-        x, out = ctx.saved_tensors
-        finite_out = out.masked_fill(torch.isneginf(out), 0.0).unsqueeze(ctx.dim)
-        return ((x - finite_out).exp() * tangent).sum(ctx.dim)
+        # plain operations of the input and output: an enclosing torch.func level
+        # (jacfwd(jacfwd(f))) differentiates them once outer_jvp switches forward mode on
+        def body(x: Tensor, out: Tensor, tangent: Tensor) -> Tensor:
+            finite_out = out.masked_fill(torch.isneginf(out), 0.0).unsqueeze(ctx.dim)
+            return ((x - finite_out).exp() * tangent).sum(ctx.dim)
+
+        return outer_jvp(body, *ctx.saved_tensors, tangent)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:

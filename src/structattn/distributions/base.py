@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 import torch
 from torch import Tensor
 
-from .._validation import is_transformed
+from .._validation import differentiated, is_transformed
 from ..semirings import LogSemiring, MaxSemiring, SampleSemiring, Semiring
 
 if TYPE_CHECKING:
@@ -180,7 +180,10 @@ class StructuredDistribution:
         return self._raw[0].shape[0]
 
     def _differentiable(self) -> bool:
-        return torch.is_grad_enabled() and any(t.requires_grad for t in self._raw)
+        # a torch.func grad or jvp wrapper counts whatever its requires_grad says (a jvp
+        # wrapper does not require grad, yet forward mode and enclosing levels differentiate
+        # it: jacfwd of the marginals, jacrev(jacfwd(f)))
+        return torch.is_grad_enabled() and any(differentiated(t) for t in self._raw)
 
     # Marginals are gradients taken inside the forward pass and differentiated again by the
     # caller (double backward), which torch.compile's AOTAutograd does not support: the

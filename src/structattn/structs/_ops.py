@@ -13,6 +13,17 @@ to work under ``torch.func`` (issue 38.3) and without host synchronisation (38.5
   ``vmap`` rule (:func:`vmap_by_folding`) folds the vmapped dimension into that batch
   dimension ([V, B, ...] -> [V * B, ...]), applies the Function once and unfolds the outputs:
   one call of the same kernel, no per-sample loop.
+* **jvp under nested forward mode.** PyTorch runs a Function's ``jvp`` with forward-mode
+  AD switched off, so an enclosing forward level (``jacfwd(jacfwd(f))``, nested
+  ``torch.func.jvp``) would see the tangent as a constant: silently wrong second
+  derivatives (pytorch/pytorch#197867). Every ``jvp`` here runs its body through
+  :func:`outer_jvp` (defined in :mod:`structattn._validation`, for the semirings too),
+  which removes the current ``torch.func`` level (unwrapping the saved tensors and
+  tangents, as ``torch.func`` does for ``forward``) and switches forward mode back on, so
+  the enclosing levels differentiate the body's operations; the bodies use differentiable
+  nodes of the inputs (the marginals Function, the Hessian-vector product recomputed from
+  the scores) where :func:`differentiated` says an enclosing level or autograd
+  differentiates them.
 * :func:`is_transformed` tells whether a tensor is a ``torch.func`` wrapper (vmap's
   BatchedTensor, grad's GradTrackingTensor) or a fake or meta tensor: data-dependent checks
   (validation) and host synchronisations are skipped for those.
@@ -27,12 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import is_transformed, tensor_cache
+from .._validation import differentiated, is_transformed, outer_jvp, tensor_cache
 
 __all__ = [
     "Stash",
     "is_batched",
+    "differentiated",
     "is_transformed",
+    "outer_jvp",
     "refuse_jit_trace",
     "reads_host",
     "sync_free",

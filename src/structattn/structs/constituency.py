@@ -31,7 +31,15 @@ from .._validation import last_index
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
 from ._library import cky_ops, tracing
-from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
+from ._ops import (
+    Stash,
+    differentiated,
+    is_transformed,
+    outer_jvp,
+    refuse_jit_trace,
+    tensor_cache,
+    vmap_by_folding,
+)
 
 __all__ = [
     "cky_inside",
@@ -350,11 +358,16 @@ class _CKYLogPartition(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, tangent: Tensor, *_: Any) -> Tensor:
-        # d log Z = <marginals, tangent>
+        # d log Z = <marginals, tangent>, the marginals by the Function on the scores:
+        # enclosing levels differentiate it (_ops.outer_jvp)
+        def body(span_scores: Tensor, lengths: Tensor | None, tangent: Tensor) -> Tensor:
+            seed = span_scores.new_ones(span_scores.shape[0])
+            charts = None if differentiated(span_scores) else ctx.charts
+            marginals = _CKYMarginals.apply(span_scores, seed, lengths, charts, Stash())
+            return (marginals * tangent).flatten(1).sum(-1)
+
         (span_scores,) = ctx.saved_tensors
-        seed = span_scores.new_ones(span_scores.shape[0])
-        marginals = _CKYMarginals.apply(span_scores, seed, ctx.lengths, ctx.charts, Stash())
-        return (marginals * tangent).flatten(1).sum(-1)
+        return outer_jvp(body, span_scores, ctx.lengths, tangent)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
@@ -437,15 +450,39 @@ class _CKYMarginals(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_scores: Tensor | None, t_seed: Tensor | None, *_: Any) -> Tensor:
-        # d(seed mu) = seed H t_scores + mu t_seed (H: the Hessian of log Z)
+        # d(seed mu) = seed H t_scores + mu t_seed (H: the Hessian of log Z); differentiated
+        # again by an enclosing level (_ops.outer_jvp): by torch.func through the inside pass
+        def body(
+            span_scores: Tensor,
+            seed: Tensor,
+            lengths: Tensor | None,
+            t_scores: Tensor | None,
+            t_seed: Tensor | None,
+            saved: list[Tensor],
+        ) -> Tensor:
+            again = differentiated(span_scores, seed)
+            out = torch.zeros_like(span_scores)
+            if t_scores is not None:
+                if again:
+                    hvp = _hvp_by_func(span_scores, lengths, t_scores)
+                else:
+                    hvp = _CKYMarginals._hvp(ctx, span_scores, t_scores)
+                out = hvp * seed.view(-1, 1, 1)
+            if t_seed is not None:
+                if again:
+                    unit = _to_chart(
+                        torch.func.grad(lambda a: cky_inside(a, lengths, LogSemiring).sum())(
+                            span_scores
+                        ),
+                        lengths,
+                    )
+                else:
+                    unit = _CKYMarginals._unit(ctx, span_scores, (span_scores, seed, *saved))
+                out = out + unit * t_seed.view(-1, 1, 1)
+            return out
+
         span_scores, seed, *saved = ctx.saved_tensors
-        out = torch.zeros_like(span_scores)
-        if t_scores is not None:
-            out = _CKYMarginals._hvp(ctx, span_scores, t_scores) * seed.view(-1, 1, 1)
-        if t_seed is not None:
-            unit = _CKYMarginals._unit(ctx, span_scores, (span_scores, seed, *saved))
-            out = out + unit * t_seed.view(-1, 1, 1)
-        return out
+        return outer_jvp(body, span_scores, seed, ctx.lengths, t_scores, t_seed, saved)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:

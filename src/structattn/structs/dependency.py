@@ -33,7 +33,15 @@ from ..trees import is_projective, is_tree  # re-exported: their old import path
 from ._extension import kernels as host_kernels
 from ._extension import loaded_target
 from ._library import tracing, tree_ops
-from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
+from ._ops import (
+    Stash,
+    differentiated,
+    is_transformed,
+    outer_jvp,
+    refuse_jit_trace,
+    tensor_cache,
+    vmap_by_folding,
+)
 
 __all__ = [
     "eisner_inside",
@@ -591,12 +599,21 @@ class _EisnerLogPartition(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, tangent: Tensor, *_: Any) -> Tensor:
+        # <marginals, tangent>, the marginals by the Function on the scores: enclosing
+        # levels differentiate it (_ops.outer_jvp)
+        def body(arc_scores: Tensor, lengths: Tensor | None, tangent: Tensor) -> Tensor:
+            seed = arc_scores.new_ones(arc_scores.shape[0])
+            # differentiated again: the Function builds its own state from the scores
+            charts, kernels = (
+                (None, None) if differentiated(arc_scores) else (ctx.charts, ctx.kernels)
+            )
+            marginals = _EisnerMarginals.apply(
+                arc_scores, seed, charts, lengths, ctx.multiroot, kernels, Stash()
+            )
+            return (marginals * tangent).flatten(1).sum(-1)
+
         (arc_scores,) = ctx.saved_tensors
-        seed = arc_scores.new_ones(arc_scores.shape[0])
-        marginals = _EisnerMarginals.apply(
-            arc_scores, seed, ctx.charts, ctx.lengths, ctx.multiroot, ctx.kernels, Stash()
-        )
-        return (marginals * tangent).flatten(1).sum(-1)
+        return outer_jvp(body, arc_scores, ctx.lengths, tangent)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
@@ -678,15 +695,30 @@ class _EisnerMarginals(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_scores: Tensor | None, t_seed: Tensor | None, *_: Any) -> Tensor:
-        # d(seed * mu) = seed * H t_scores + mu * t_seed (H: the Hessian of log Z)
+        # d(seed * mu) = seed * H t_scores + mu * t_seed (H: the Hessian of log Z), by
+        # torch.func through the inside pass: differentiable (_ops.outer_jvp)
+        def body(
+            arc_scores: Tensor,
+            seed: Tensor,
+            marginals: Tensor,
+            lengths: Tensor | None,
+            t_scores: Tensor | None,
+            t_seed: Tensor | None,
+        ) -> Tensor:
+            if differentiated(arc_scores, seed) or marginals.numel() == 0:
+                marginals = _hvp_by_func(
+                    arc_scores, lengths, ctx.multiroot, torch.zeros_like(arc_scores), True, True
+                )
+            out = torch.zeros_like(marginals)
+            if t_scores is not None:
+                out = out + _hvp_by_func(arc_scores, lengths, ctx.multiroot, t_scores, True)
+                out = out * seed.view(-1, 1, 1)
+            if t_seed is not None:
+                out = out + marginals * t_seed.view(-1, 1, 1)
+            return out
+
         arc_scores, seed, marginals, _ = ctx.saved_tensors
-        out = torch.zeros_like(marginals)
-        if t_scores is not None:
-            out = out + _hvp_by_func(arc_scores, ctx.lengths, ctx.multiroot, t_scores, True)
-            out = out * seed.view(-1, 1, 1)
-        if t_seed is not None:
-            out = out + marginals * t_seed.view(-1, 1, 1)
-        return out
+        return outer_jvp(body, arc_scores, seed, marginals, ctx.lengths, t_scores, t_seed)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -716,16 +748,24 @@ class _EisnerMarginals(torch.autograd.Function):
 
 
 def _hvp_by_func(
-    arc_scores: Tensor, lengths: Tensor | None, multiroot: bool, direction: Tensor, forward: bool
+    arc_scores: Tensor,
+    lengths: Tensor | None,
+    multiroot: bool,
+    direction: Tensor,
+    forward: bool,
+    primal: bool = False,
 ) -> Tensor:
     """The Hessian of log Z times ``direction`` by ``torch.func`` through :func:`eisner_inside`
     (differentiable tensor operations: composes with vmap and the other transforms), by
-    forward-over-reverse (``forward``) or reverse-over-reverse."""
+    forward-over-reverse (``forward``) or reverse-over-reverse; ``primal``: the marginals
+    instead (the same way)."""
 
     def unit(a: Tensor) -> Tensor:
         return eisner_inside(a, lengths, multiroot, LogSemiring).sum()
 
     marginals = torch.func.grad(unit)
+    if primal:
+        return marginals(arc_scores)
     if forward:
         out: Tensor = torch.func.jvp(marginals, (arc_scores,), (direction,))[1]
         return out

@@ -16,11 +16,19 @@ import torch
 from torch import Tensor
 
 from .._precision import full_precision
-from .._validation import last_index, length_mask
+from .._validation import last_index, length_mask, refuse_differentiated_backward
 from ..semirings import LogSemiring, Semiring
 from ._extension import kernels as compiled_kernels
 from ._library import chain_ops, tracing
-from ._ops import Stash, is_batched, is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
+from ._ops import (
+    Stash,
+    differentiated,
+    is_transformed,
+    outer_jvp,
+    reads_host,
+    refuse_jit_trace,
+    vmap_by_folding,
+)
 
 __all__ = [
     "chain_argmax",
@@ -691,15 +699,25 @@ class _ChainLogPartition(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_unary: Tensor | None, t_pair: Tensor | None, *_: Any) -> Tensor:
-        # d log Z = <p(z_i), dot unary> + <p(z_i, z_i+1), dot pairwise>
+        # d log Z = <p(z_i), dot unary> + <p(z_i, z_i+1), dot pairwise>, the marginals by
+        # the Function on the scores: enclosing levels differentiate it (_ops.outer_jvp)
+        def body(
+            unary: Tensor,
+            pairwise: Tensor,
+            lengths: Tensor | None,
+            t_unary: Tensor | None,
+            t_pair: Tensor | None,
+        ) -> Tensor:
+            node, edge = _ChainMarginals.apply(unary, pairwise, lengths, True, ctx.method, Stash())
+            out = unary.new_zeros(unary.shape[0])
+            if t_unary is not None:
+                out = out + (node * t_unary).flatten(1).sum(-1)
+            if t_pair is not None:
+                out = out + (edge * t_pair).flatten(1).sum(-1)
+            return out
+
         unary, pairwise = ctx.saved_tensors[:2]
-        node, edge = _ChainMarginals.apply(unary, pairwise, ctx.lengths, True, ctx.method, Stash())
-        out = unary.new_zeros(unary.shape[0])
-        if t_unary is not None:
-            out = out + (node * t_unary).flatten(1).sum(-1)
-        if t_pair is not None:
-            out = out + (edge * t_pair).flatten(1).sum(-1)
-        return out
+        return outer_jvp(body, unary, pairwise, ctx.lengths, t_unary, t_pair)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -804,12 +822,28 @@ class _ChainMarginals(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_unary: Tensor | None, t_pair: Tensor | None, *_: Any) -> Any:
-        # the marginals' directional derivative is the Hessian of log Z times the direction
+        # the marginals' directional derivative is the Hessian of log Z times the direction;
+        # differentiated again by an enclosing level (_ops.outer_jvp): by torch.func through
+        # the differentiable inside pass, from the scores
+        def body(
+            unary: Tensor,
+            pairwise: Tensor,
+            lengths: Tensor | None,
+            t_unary: Tensor | None,
+            t_pair: Tensor | None,
+            saved: list[Tensor],
+        ) -> Any:
+            if differentiated(unary, pairwise):
+                return _hvp_by_func(unary, pairwise, lengths, t_unary, t_pair, ctx.edges_out)
+            if t_pair is not None and pairwise.dim() == 2:
+                t_pair = _per_step(t_pair, unary.shape[0], unary.shape[1])
+            d_unary, d_pair = _hvp_of(
+                ctx, unary, pairwise, lengths, saved, t_unary, t_pair, False, False
+            )
+            return (d_unary, d_pair) if ctx.edges_out else d_unary
+
         unary, pairwise, *saved = ctx.saved_tensors
-        if t_pair is not None and pairwise.dim() == 2:
-            t_pair = _per_step(t_pair, unary.shape[0], unary.shape[1])
-        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, saved, t_unary, t_pair, False)
-        return (d_unary, d_pair) if ctx.edges_out else d_unary
+        return outer_jvp(body, unary, pairwise, ctx.lengths, t_unary, t_pair, saved)
 
     @staticmethod
     def backward(
@@ -820,7 +854,7 @@ class _ChainMarginals(torch.autograd.Function):
         if g_node is None and g_edge is None:
             return None, None, *nones
         shared = pairwise.dim() == 2
-        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, saved, g_node, g_edge, shared)
+        d_unary, d_pair = _hvp_of(ctx, unary, pairwise, ctx.lengths, saved, g_node, g_edge, shared)
         return (
             d_unary if ctx.needs_input_grad[0] else None,
             d_pair if ctx.needs_input_grad[1] else None,
@@ -832,24 +866,59 @@ def _hvp_of(
     ctx: Any,
     unary: Tensor,
     pairwise: Tensor,
+    lengths: Tensor | None,
     saved: list[Tensor],
     g_node: Tensor | None,
     g_edge: Tensor | None,
     shared: bool,
+    by_autograd: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """The Hessian-vector product of :class:`_ChainMarginals` from its saved state."""
-    if torch.is_grad_enabled() and not is_transformed(unary):
-        return _hvp_by_autograd(unary, pairwise, ctx.lengths, g_node, g_edge)
-    if ctx.kernels is not None and not is_batched(g_node) and not is_batched(g_edge):
+    """The Hessian-vector product of :class:`_ChainMarginals` from its saved state (by
+    autograd through the inside pass when grad mode is on outside ``torch.func`` and
+    ``by_autograd``); ``lengths``: the Function's (a jvp body passes them unwrapped from
+    its torch.func level)."""
+    if by_autograd and torch.is_grad_enabled() and not is_transformed(unary):
+        return _hvp_by_autograd(unary, pairwise, lengths, g_node, g_edge)
+    refuse_differentiated_backward("LinearChainCRF marginals", unary, pairwise)
+    if ctx.kernels is not None and not is_transformed(g_node) and not is_transformed(g_edge):
+        # (plain directions only: the kernels take no torch.func wrapper)
         trans, node, last = saved
         return ctx.kernels.chain_hvp(trans, node, last, g_node, g_edge, shared)
-    if ctx.kernels is not None or not saved:  # a vmapped direction, or no stash: recompute
-        fw = _forward_pass(unary.detach(), pairwise.detach(), ctx.lengths, ctx.method)
+    if ctx.kernels is not None or not saved:  # a wrapped direction, or no stash: recompute
+        fw = _forward_pass(unary.detach(), pairwise.detach(), lengths, ctx.method)
         fw = fw._replace(beta=_beta(fw))
     else:
         fw = _Pass(*saved)
     assert fw.beta is not None
     return _hvp(fw, fw.beta, g_node, g_edge, shared)
+
+
+def _hvp_by_func(
+    unary: Tensor,
+    pairwise: Tensor,
+    lengths: Tensor | None,
+    t_unary: Tensor | None,
+    t_pair: Tensor | None,
+    edges: bool,
+) -> Any:
+    """The jvp of the marginals (node, and edge if ``edges``) by ``torch.func`` through
+    :func:`chain_inside`: differentiable operations of the scores, for a jvp that is
+    differentiated again (any order; slower than the hand-written Hessian-vector product)."""
+    batch, n = unary.shape[:2]
+
+    def marginals(u: Tensor, p: Tensor) -> Any:
+        steps = _per_step(p, batch, n) if p.dim() == 2 else p
+        node, edge = torch.func.grad(
+            lambda a, b: chain_inside(
+                *_zero_padding(a, b, lengths, False), lengths, LogSemiring
+            ).sum(),
+            argnums=(0, 1),
+        )(u, steps)
+        return (node, edge) if edges else node
+
+    dot_u = torch.zeros_like(unary) if t_unary is None else t_unary
+    dot_p = torch.zeros_like(pairwise) if t_pair is None else t_pair
+    return torch.func.jvp(marginals, (unary, pairwise), (dot_u, dot_p))[1]
 
 
 @full_precision

@@ -28,7 +28,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import check_potentials
 from ._library import tracing
-from ._ops import Stash, is_transformed
+from ._ops import Stash, differentiated, is_transformed, outer_jvp
 
 __all__ = ["mean_field_free_energy", "mean_field_marginals", "mean_field_updates"]
 
@@ -109,15 +109,41 @@ class _MeanFieldUpdates(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_unary: Tensor | None, t_coupling: Tensor | None, *_: Any) -> Tensor:
-        # dot s_t = s_t (1 - s_t) (dot phi + dot J s_{t-1} + J dot s_{t-1}), s_0 = sigmoid(phi)
-        unary, coupling, *trajectory = ctx.saved_tensors
+        # dot s_t = s_t (1 - s_t) (dot phi + dot J s_{t-1} + J dot s_{t-1}), s_0 = sigmoid(phi);
+        # differentiated again by an enclosing level (_ops.outer_jvp): by torch.func through
+        # the recorded updates, from the inputs
+        return outer_jvp(
+            lambda *args: _MeanFieldUpdates._tangent(ctx.iterations, *args),
+            t_unary,
+            t_coupling,
+            *ctx.saved_tensors,
+        )
+
+    @staticmethod
+    def _tangent(
+        iterations: int,
+        t_unary: Tensor | None,
+        t_coupling: Tensor | None,
+        unary: Tensor,
+        coupling: Tensor,
+        *trajectory: Tensor,
+    ) -> Tensor:
+        if differentiated(unary, coupling):
+            tangents = (
+                torch.zeros_like(unary) if t_unary is None else t_unary,
+                torch.zeros_like(coupling) if t_coupling is None else t_coupling,
+            )
+            out: Tensor = torch.func.jvp(
+                lambda u, c: _iterates(u, c, iterations)[-1], (unary, coupling), tangents
+            )[1]
+            return out
         n = unary.shape[-1]
         matrix = coupling.reshape(-1, n, n)  # [B', N, N]
         d_phi = torch.zeros_like(trajectory[0]) if t_unary is None else t_unary.reshape(-1, n, 1)
         d_matrix = None if t_coupling is None else t_coupling.reshape(-1, n, n)
         spins = trajectory[0]
         tangent = spins * (1 - spins) * d_phi  # [B', N, 1]
-        for t in range(1, ctx.iterations + 1):
+        for t in range(1, iterations + 1):
             d_chi = d_phi + torch.bmm(matrix, tangent)
             if d_matrix is not None:
                 d_chi = d_chi + torch.bmm(d_matrix, trajectory[t - 1])

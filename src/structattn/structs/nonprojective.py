@@ -67,6 +67,7 @@ Laplacian is ill-conditioned recompute the marginals for every word instead (O(N
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -77,7 +78,14 @@ from .._validation import length_mask
 from ..semirings import logsumexp
 from ._extension import kernels as host_kernels
 from ._library import tracing, tree_ops
-from ._ops import is_transformed, reads_host, refuse_jit_trace, vmap_by_folding
+from ._ops import (
+    differentiated,
+    is_transformed,
+    outer_jvp,
+    reads_host,
+    refuse_jit_trace,
+    vmap_by_folding,
+)
 
 __all__ = [
     "chu_liu_edmonds",
@@ -258,6 +266,26 @@ def _live_weights_and_inverse(
     return live, _KnownInverse.apply(lap, inverse.to(torch.float64))
 
 
+def _marginals_by_inverse(
+    scores: Tensor, real: Tensor | None, keep: Tensor | None, multiroot: bool
+) -> Tensor:
+    """Marginals [B, N, N] as differentiable operations of ``scores`` (the inverse Laplacian
+    by ``torch.linalg.inv``, float64; 0 for an item with no tree): for a jvp that an
+    enclosing transform differentiates again (any order; slower than the closed forms)."""
+    batch, size, _ = scores.shape
+    arcs = _arc_mask(length_mask(None, batch, size, scores.device) if real is None else real)
+    masked = scores[:, :, 1:].masked_fill(~arcs[:, :, 1:], _NEG_INF).to(torch.float64)
+    shift = masked.detach().amax(1, keepdim=True).nan_to_num(neginf=0.0)
+    live = (masked - shift).exp()  # [B, N, n]
+    lap = _laplacian(live, _padding(real), multiroot)
+    if keep is not None:  # an item with no tree: weights 0, the identity for its Laplacian
+        live = live * keep[:, None, None]
+        eye = torch.eye(lap.shape[-1], dtype=lap.dtype, device=lap.device)
+        lap = torch.where(keep[:, None, None], lap, eye)
+    adj = _weighted_adjoint(live, torch.linalg.inv(lap), multiroot)
+    return torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))
+
+
 def _marginals_backward(
     grad: Tensor,
     weights: Tensor,
@@ -320,38 +348,54 @@ class _TreeMarginals(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_scores: Tensor, *_: Any) -> Tensor:
-        # the Jacobian of the marginals is the (symmetric) Hessian of log Z: jvp = vjp
-        return _TreeMarginals.backward(ctx, t_scores)[0]  # type: ignore[return-value]
+        # the Jacobian of the marginals is the (symmetric) Hessian of log Z: jvp = vjp;
+        # differentiated again by an enclosing level (_ops.outer_jvp): by torch.func through
+        # differentiable operations of the scores
+        def body(t_scores: Tensor, *saved: Tensor) -> Tensor:
+            scores, _, _, real, keep = saved[:5]
+            if differentiated(scores):
+                return torch.func.jvp(
+                    lambda s: _marginals_by_inverse(s, real, keep, ctx.multiroot),
+                    (scores,),
+                    (t_scores,),
+                )[1]
+            return _tree_hvp(saved, ctx.multiroot, t_scores)
+
+        return outer_jvp(body, t_scores, *ctx.saved_tensors)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        scores, weights, inverse, real, keep, precise, marginals = ctx.saved_tensors
-        multiroot = ctx.multiroot
         none = (None, None, None, None, None, None)
-        if torch.is_grad_enabled() or is_transformed(grad):
-            # differentiated again (or under torch.func): rebuild from the scores
-            live, inverse = _live_weights_and_inverse(scores, inverse, real, keep, multiroot)
-            lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
-            adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
-            adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
-            return grad * marginals - adj, *none
-        # in the weights' dtype (float32 matmuls for float32 scores), then again in float64
-        # for the ill-conditioned items (float32 would lose about cond * 1e-8 of the scale)
-        kernels = compiled_kernels(grad)
-        if kernels is not None:  # the same operations in C++, the batch split over the threads
-            out = kernels.matrix_tree_marginals_backward(
-                grad, weights, inverse, marginals, multiroot, precise
-            )
-            return out, *none
-        if precise is not None and not reads_host(precise):  # every item in float64
-            out = _marginals_backward(grad, weights, inverse, marginals, multiroot, torch.float64)
-            return out, *none
-        out = _marginals_backward(grad, weights, inverse, marginals, multiroot)
-        if precise is not None:
-            index = precise.nonzero().squeeze(1)
-            g, w, y, mu = (t.index_select(0, index) for t in (grad, weights, inverse, marginals))
-            out.index_copy_(0, index, _marginals_backward(g, w, y, mu, multiroot, torch.float64))
-        return out, *none
+        return _tree_hvp(ctx.saved_tensors, ctx.multiroot, grad), *none
+
+
+def _tree_hvp(saved: Sequence[Tensor], multiroot: bool, grad: Tensor) -> Tensor:
+    """The backward (a Hessian-vector product) of :class:`_TreeMarginals` from its saved
+    tensors."""
+    scores, weights, inverse, real, keep, precise, marginals = saved
+    if torch.is_grad_enabled() or is_transformed(grad):
+        # differentiated again (or under torch.func): rebuild from the scores
+        live, inverse = _live_weights_and_inverse(scores, inverse, real, keep, multiroot)
+        lap = _laplacian(grad[:, :, 1:] * live, None, multiroot)
+        adj = _weighted_adjoint(live, inverse @ lap @ inverse, multiroot)
+        adj = torch.nn.functional.pad(adj.to(scores.dtype), (1, 0))  # [B, N, N]
+        return grad * marginals - adj
+    # in the weights' dtype (float32 matmuls for float32 scores), then again in float64
+    # for the ill-conditioned items (float32 would lose about cond * 1e-8 of the scale)
+    kernels = compiled_kernels(grad)
+    if kernels is not None:  # the same operations in C++, the batch split over the threads
+        out: Tensor = kernels.matrix_tree_marginals_backward(
+            grad, weights, inverse, marginals, multiroot, precise
+        )
+        return out
+    if precise is not None and not reads_host(precise):  # every item in float64
+        return _marginals_backward(grad, weights, inverse, marginals, multiroot, torch.float64)
+    out = _marginals_backward(grad, weights, inverse, marginals, multiroot)
+    if precise is not None:
+        index = precise.nonzero().squeeze(1)
+        g, w, y, mu = (t.index_select(0, index) for t in (grad, weights, inverse, marginals))
+        out.index_copy_(0, index, _marginals_backward(g, w, y, mu, multiroot, torch.float64))
+    return out
 
 
 def _lu_operations(
@@ -482,11 +526,13 @@ class _LogPartition(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_scores: Tensor, *_: Any) -> Tensor:
-        scores, weights, inverse, real, keep, precise = ctx.saved_tensors
-        marginals = _TreeMarginals.apply(
-            scores, weights, inverse, real, keep, precise, ctx.multiroot
-        )
-        return (marginals * t_scores).flatten(1).sum(-1)
+        # <marginals, tangent>, the marginals by the Function on the scores: enclosing levels
+        # differentiate it (_ops.outer_jvp)
+        def body(t_scores: Tensor, *saved: Tensor) -> Tensor:
+            marginals = _TreeMarginals.apply(*saved, ctx.multiroot)
+            return (marginals * t_scores).flatten(1).sum(-1)
+
+        return outer_jvp(body, t_scores, *ctx.saved_tensors)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -585,7 +631,7 @@ def matrix_tree_log_partition(
         logz, weights, inverse, keep, precise = _lu_path(
             arc_scores.detach(), real, multiroot, max_cond
         )
-    if arc_scores.requires_grad and torch.is_grad_enabled():
+    if differentiated(arc_scores):  # requires grad, or a torch.func grad or jvp wrapper
         logz = _LogPartition.apply(
             arc_scores, logz, weights, inverse, real, keep, precise, multiroot
         )
@@ -619,7 +665,7 @@ def matrix_tree_marginals(
     device = arc_scores.device
     real = None if lengths is None else length_mask(lengths, batch, size, device)  # [B, N]
     max_cond = _MAX_COND.get(arc_scores.dtype, _MAX_COND_DEFAULT)
-    differentiable = create_graph and arc_scores.requires_grad
+    differentiable = create_graph and differentiated(arc_scores)  # torch.func wrappers too
     scores = arc_scores if differentiable else arc_scores.detach()
     with torch.no_grad():
         _, weights, inverse, keep, precise = _lu_path(

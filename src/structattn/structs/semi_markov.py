@@ -34,10 +34,18 @@ import torch
 from torch import Tensor
 
 from .._precision import full_precision
-from .._validation import last_index
+from .._validation import last_index, refuse_differentiated_backward
 from ..semirings import LogSemiring, Semiring
 from ._library import semi_markov_ops, tracing
-from ._ops import Stash, is_transformed, refuse_jit_trace, tensor_cache, vmap_by_folding
+from ._ops import (
+    Stash,
+    differentiated,
+    is_transformed,
+    outer_jvp,
+    refuse_jit_trace,
+    tensor_cache,
+    vmap_by_folding,
+)
 
 __all__ = [
     "segment_mask",
@@ -365,18 +373,29 @@ class _SemiMarkovLogPartition(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, t_seg: Tensor | None, t_trans: Tensor | None, *_: Any) -> Tensor:
-        # d log Z = <segment marginals, dot s> + <transition marginals, dot T>
+        # d log Z = <segment marginals, dot s> + <transition marginals, dot T>, the marginals
+        # by the Function on the scores: enclosing levels differentiate it (_ops.outer_jvp)
+        def body(
+            segment_scores: Tensor,
+            transitions: Tensor,
+            lengths: Tensor | None,
+            t_seg: Tensor | None,
+            t_trans: Tensor | None,
+        ) -> Tensor:
+            seed = segment_scores.new_ones(segment_scores.shape[0])
+            probs = None if differentiated(segment_scores, transitions) else ctx.probs
+            segs, pairs = _SemiMarkovMarginals.apply(
+                segment_scores, transitions, seed, lengths, probs, Stash()
+            )
+            out = torch.zeros_like(seed)
+            if t_seg is not None:
+                out = out + (segs * t_seg).flatten(1).sum(-1)
+            if t_trans is not None:
+                out = out + (pairs * t_trans).flatten(1).sum(-1)
+            return out
+
         segment_scores, transitions = ctx.saved_tensors
-        seed = segment_scores.new_ones(segment_scores.shape[0])
-        segs, pairs = _SemiMarkovMarginals.apply(
-            segment_scores, transitions, seed, ctx.lengths, ctx.probs, Stash()
-        )
-        out = torch.zeros_like(seed)
-        if t_seg is not None:
-            out = out + (segs * t_seg).flatten(1).sum(-1)
-        if t_trans is not None:
-            out = out + (pairs * t_trans).flatten(1).sum(-1)
-        return out
+        return outer_jvp(body, segment_scores, transitions, ctx.lengths, t_seg, t_trans)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -390,6 +409,36 @@ class _SemiMarkovLogPartition(torch.autograd.Function):
         out = _outside(ctx.probs)
         scale = grad.view(-1, 1, 1)
         return out.segments * scale.unsqueeze(-1), out.transitions * scale, None, None
+
+
+def _seeded_jvp_by_func(
+    segment_scores: Tensor,
+    transitions: Tensor,
+    seed: Tensor,
+    lengths: Tensor | None,
+    t_seg: Tensor | None,
+    t_trans: Tensor | None,
+    t_seed: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The jvp of :class:`_SemiMarkovMarginals` (``seed[b]`` times the marginals) by
+    ``torch.func`` through :func:`semi_markov_inside`: differentiable operations of the
+    scores, for a jvp that an enclosing transform differentiates again (any order)."""
+
+    def seeded(s: Tensor, t: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        segs, pairs = torch.func.grad(
+            lambda a, b: semi_markov_inside(a, b, lengths, LogSemiring).sum(), argnums=(0, 1)
+        )(s, t)
+        scale = g.view(-1, 1, 1)
+        return segs * scale.unsqueeze(-1), pairs * scale
+
+    tangents = tuple(
+        torch.zeros_like(x) if d is None else d
+        for x, d in ((segment_scores, t_seg), (transitions, t_trans), (seed, t_seed))
+    )
+    out: tuple[Tensor, Tensor] = torch.func.jvp(
+        seeded, (segment_scores, transitions, seed), tangents
+    )[1]
+    return out
 
 
 class _SemiMarkovMarginals(torch.autograd.Function):
@@ -459,25 +508,44 @@ class _SemiMarkovMarginals(torch.autograd.Function):
     def jvp(
         ctx: Any, t_seg: Tensor | None, t_trans: Tensor | None, t_seed: Tensor | None, *_: Any
     ) -> tuple[Tensor, Tensor]:
-        # d(seed mu) = seed H (dot s, dot T) + mu dot seed (H: the Hessian of log Z)
+        # d(seed mu) = seed H (dot s, dot T) + mu dot seed (H: the Hessian of log Z);
+        # differentiated again by an enclosing level (_ops.outer_jvp): by torch.func through
+        # the inside pass, from the scores
+        def body(
+            segment_scores: Tensor,
+            transitions: Tensor,
+            seed: Tensor,
+            lengths: Tensor | None,
+            t_seg: Tensor | None,
+            t_trans: Tensor | None,
+            t_seed: Tensor | None,
+        ) -> tuple[Tensor, Tensor]:
+            if differentiated(segment_scores, transitions, seed):
+                return _seeded_jvp_by_func(
+                    segment_scores, transitions, seed, lengths, t_seg, t_trans, t_seed
+                )
+            probs, out = _SemiMarkovMarginals._state(ctx, segment_scores, transitions)
+            scale = seed.view(-1, 1, 1)
+            d_seg = torch.zeros_like(out.segments)
+            d_trans = torch.zeros_like(out.transitions)
+            if t_seg is not None or t_trans is not None:
+                d_seg, d_trans = _hvp(
+                    probs,
+                    out,
+                    d_seg if t_seg is None else t_seg,
+                    d_trans if t_trans is None else t_trans,
+                )
+                d_seg, d_trans = d_seg * scale.unsqueeze(-1), d_trans * scale
+            if t_seed is not None:
+                t_scale = t_seed.view(-1, 1, 1)
+                d_seg = d_seg + out.segments * t_scale.unsqueeze(-1)
+                d_trans = d_trans + out.transitions * t_scale
+            return d_seg, d_trans
+
         segment_scores, transitions, seed = ctx.saved_tensors
-        probs, out = _SemiMarkovMarginals._state(ctx, segment_scores, transitions)
-        scale = seed.view(-1, 1, 1)
-        d_seg = torch.zeros_like(out.segments)
-        d_trans = torch.zeros_like(out.transitions)
-        if t_seg is not None or t_trans is not None:
-            d_seg, d_trans = _hvp(
-                probs,
-                out,
-                d_seg if t_seg is None else t_seg,
-                d_trans if t_trans is None else t_trans,
-            )
-            d_seg, d_trans = d_seg * scale.unsqueeze(-1), d_trans * scale
-        if t_seed is not None:
-            t_scale = t_seed.view(-1, 1, 1)
-            d_seg = d_seg + out.segments * t_scale.unsqueeze(-1)
-            d_trans = d_trans + out.transitions * t_scale
-        return d_seg, d_trans
+        return outer_jvp(
+            body, segment_scores, transitions, seed, ctx.lengths, t_seg, t_trans, t_seed
+        )
 
     @staticmethod
     def backward(ctx: Any, g_seg: Tensor, g_trans: Tensor) -> tuple[Tensor | None, ...]:
@@ -486,6 +554,7 @@ class _SemiMarkovMarginals(torch.autograd.Function):
         wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         if wanted and torch.is_grad_enabled() and not is_transformed(g_seg):
             return (*_third_order(ctx, segment_scores, transitions, seed, g_seg, g_trans), *nones)
+        refuse_differentiated_backward("SemiMarkovCRF marginals", segment_scores, transitions)
         probs, out = _SemiMarkovMarginals._state(ctx, segment_scores, transitions)
         g_seed = None
         if ctx.needs_input_grad[2]:
