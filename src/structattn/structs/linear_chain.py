@@ -10,6 +10,7 @@ and :func:`chain_marginals` also take one [C, C] matrix shared by every step), `
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, overload
 
 import torch
@@ -687,14 +688,12 @@ class _ChainLogPartition(torch.autograd.Function):
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
-        unary, pairwise, lengths, method, pair_grad, _ = args
-        in_dims, pairwise = _per_step_if_vmapped(unary, pairwise, in_dims)
-        return vmap_by_folding(
+        _, _, _, method, pair_grad, _ = args
+        return _fold_chain(
             lambda u, p, n: _ChainLogPartition.apply(u, p, n, method, pair_grad, Stash()),
             info,
-            in_dims[:3],
-            (unary, pairwise, lengths),
-            (True, pairwise.dim() > 2, True),
+            in_dims,
+            args,
         )
 
     @staticmethod
@@ -747,6 +746,22 @@ class _ChainLogPartition(torch.autograd.Function):
         d_unary = fw.scaled * beta * grad.view(-1, 1, 1) if ctx.needs_input_grad[0] else None
         d_pair = _pairwise_grad(fw, beta, grad, shared) if ctx.needs_input_grad[1] else None
         return d_unary, d_pair, *nones
+
+
+def _fold_chain(
+    apply: Callable[[Tensor, Tensor, Tensor | None], Any],
+    info: Any,
+    in_dims: tuple[int | None, ...],
+    args: tuple[Any, ...],
+) -> tuple[Any, Any]:
+    """The vmap rule of the chain Functions (``args`` start with unary, pairwise, lengths):
+    ``apply(unary, pairwise, lengths)`` once on the mapped dimension folded into the batch
+    (:func:`vmap_by_folding`), a vmapped shared matrix made per-step first."""
+    unary, pairwise, lengths = args[:3]
+    in_dims, pairwise = _per_step_if_vmapped(unary, pairwise, in_dims)
+    return vmap_by_folding(
+        apply, info, in_dims[:3], (unary, pairwise, lengths), (True, pairwise.dim() > 2, True)
+    )
 
 
 def _per_step_if_vmapped(
@@ -810,14 +825,12 @@ class _ChainMarginals(torch.autograd.Function):
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Any, Any]:
-        unary, pairwise, lengths, edges, method = args[:5]
-        in_dims, pairwise = _per_step_if_vmapped(unary, pairwise, in_dims)
-        return vmap_by_folding(
+        edges, method = args[3:5]
+        return _fold_chain(
             lambda u, p, n: _ChainMarginals.apply(u, p, n, edges, method, Stash()),
             info,
-            in_dims[:3],
-            (unary, pairwise, lengths),
-            (True, pairwise.dim() > 2, True),
+            in_dims,
+            args,
         )
 
     @staticmethod
