@@ -113,7 +113,7 @@ def test_windows_batches_and_chunks_agree() -> None:
 
 
 def test_gradcheck_and_zero_probability_outcomes() -> None:
-    model = _model(chunk_size=2 * (K + 1) * V)  # 1 step per chunk: checkpointed chunks
+    model = _model(chunk_size=2 * (K + 1) * V)  # 2 (batch, step) rows per chunk
     torch.manual_seed(1)
     b, t, h = 2, 3, 5
     top = torch.randn(b, t, h, dtype=torch.float64, requires_grad=True)
@@ -167,3 +167,36 @@ def test_soft_objective_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
     soft = _model(objective="soft")
     out = soft.run(torch.randint(V, (2, 5)))
     assert out.limit is None and out.logits.shape == (2, 5, V)
+
+
+def test_mixture_function_matches_autograd_and_gradchecks() -> None:
+    """The hand-written softmax mixture (`_MixtureLogProbs`) equals autograd through
+    log_softmax + logsumexp in value and in every gradient (features, tied weight, bias,
+    log prior with a -inf outcome), for any chunking; gradcheck in float64; no double
+    backward (it says so)."""
+    from structattn.models.prpn_lm import _MixtureLogProbs
+
+    torch.manual_seed(3)
+    b, t, s, e, v = 2, 3, 4, 5, 7
+    f = torch.randn(b, t, s, e, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(v, e, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(v, dtype=torch.float64, requires_grad=True)
+    prior = torch.log_softmax(torch.randn(b, t, s, dtype=torch.float64), -1)
+    prior[0, 1, 2] = float("-inf")
+    prior.requires_grad_()
+    ref = torch.logsumexp(torch.log_softmax(f @ w.t() + bias, -1) + prior.unsqueeze(-1), -2)
+    g = torch.randn_like(ref)
+    expected = torch.autograd.grad(ref, (f, w, bias, prior), g)
+    for chunk in (1, s * v * 2 + 1, 1 << 20):
+        out = _MixtureLogProbs.apply(f, w, bias, prior, chunk)
+        torch.testing.assert_close(out, ref)
+        for got, want in zip(
+            torch.autograd.grad(out, (f, w, bias, prior), g), expected, strict=True
+        ):
+            torch.testing.assert_close(got, want)
+    finite = prior.detach().clamp_min(-30.0).requires_grad_()
+    torch.autograd.gradcheck(lambda *x: _MixtureLogProbs.apply(*x, s * v), (f, w, bias, finite))
+    out = _MixtureLogProbs.apply(f, w, bias, prior, 1 << 20)
+    (first,) = torch.autograd.grad(out.sum(), f, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        first.sum().backward()

@@ -70,12 +70,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..names import GateKind
 from ..nn.prpn import ParsingNetwork
@@ -124,7 +124,7 @@ class PRPNConfig:
     tie_weights: bool = True  # share the embedding with the output layer
     init_range: float = 0.01  # embedding (and untied output) weights ~ U(-r, r) (PRPN: 0.01)
     objective: Objective = "soft"  # soft: E[g] (eq. 6); marginal: exact sum over l (eq. 1)
-    chunk_size: int = 1 << 24  # marginal: ~elements of [B, T_chunk, K + 1, V] per chunk
+    chunk_size: int = 1 << 22  # marginal: ~elements of the [rows, K + 1, V] scores per chunk
 
 
 class PRPNState(NamedTuple):
@@ -182,6 +182,85 @@ def _limit_distribution(alpha: Tensor, valid: Tensor, next_gates: Tensor) -> Ten
     slots = next_gates.shape[-1]
     point = _window(stick_breaking_distribution(alpha, valid), slots + 1, slots + 1)
     return torch.cat([next_gates[..., :1], point[..., 1:]], dim=-1)  # [B, T, K + 1]
+
+
+class _MixtureLogProbs(torch.autograd.Function):
+    r"""log sum_s exp(prior_s + log softmax(F_s W^T + b)) [B, T, V], written by hand.
+
+    ``features`` [B, T, S, E], ``weight`` [V, E], ``bias`` [V], ``log_prior`` [B, T, S]
+    (-inf where p(s) = 0; every row has a finite entry), ``chunk`` ~elements of the
+    [rows, S, V] scores made at a time. The marginal objective's softmax is K + 1 times the
+    soft model's, so its passes over the scores are most of the cost: autograd (log_softmax,
+    the prior's sum, logsumexp over s, each recomputed under a checkpoint) made about twenty
+    of them. Here the forward pass is one matmul, one log-sum-exp over V and one over s; the
+    backward pass recomputes the matmul and, with r_sv = p(s | v) = exp(prior_s + log p_s(v)
+    - out_v) and p_s = softmax(F_s W^T + b),
+
+    .. math:: \frac{\partial L}{\partial \mathrm{prior}_s} = \sum_v g_v r_{sv}, \qquad
+              \frac{\partial L}{\partial z_{sv}} = g_v r_{sv}
+              - p_s(v) \frac{\partial L}{\partial \mathrm{prior}_s}
+
+    for the scores z = F W^T + b, then the two matmuls of the linear layer. First
+    derivatives only (the objective is trained by gradient descent; double backward raises).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, features: Tensor, weight: Tensor, bias: Tensor, log_prior: Tensor, chunk: int
+    ) -> Tensor:
+        batch, steps, outcomes, dim = features.shape
+        vocab = weight.shape[0]
+        flat = features.reshape(-1, outcomes, dim)  # [R, S, E]
+        prior = log_prior.reshape(-1, outcomes)  # [R, S]
+        rows = max(1, chunk // max(1, outcomes * vocab))
+        out = features.new_empty(flat.shape[0], vocab)
+        lse = features.new_empty(flat.shape[0], outcomes)
+        for start in range(0, flat.shape[0], rows):
+            part = flat[start : start + rows]
+            z = torch.addmm(bias, part.reshape(-1, dim), weight.t()).view(-1, outcomes, vocab)
+            norm = torch.logsumexp(z, dim=-1)  # [r, S]
+            lse[start : start + rows] = norm
+            z += (prior[start : start + rows] - norm).unsqueeze(-1)  # log prior_s p_s(v)
+            out[start : start + rows] = torch.logsumexp(z, dim=1)
+        ctx.save_for_backward(features, weight, bias, log_prior, lse, out)
+        ctx.chunk = chunk
+        return out.view(batch, steps, vocab)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        features, weight, bias, log_prior, lse, out = ctx.saved_tensors
+        outcomes, dim = features.shape[-2:]
+        vocab = weight.shape[0]
+        flat = features.reshape(-1, outcomes, dim)
+        prior = log_prior.reshape(-1, outcomes)
+        g = grad.reshape(-1, vocab)
+        rows = max(1, ctx.chunk // max(1, outcomes * vocab))
+        grad_features = torch.empty_like(flat)
+        grad_prior = torch.empty_like(prior)
+        grad_weight = torch.zeros_like(weight)
+        grad_bias = torch.zeros_like(bias)
+        for start in range(0, flat.shape[0], rows):
+            stop = start + rows
+            part = flat[start:stop].reshape(-1, dim)
+            z = torch.addmm(bias, part, weight.t()).view(-1, outcomes, vocab)
+            z -= lse[start:stop].unsqueeze(-1)  # log p_s(v)
+            r = z + prior[start:stop].unsqueeze(-1)
+            r -= out[start:stop].unsqueeze(1)
+            r.exp_().mul_(g[start:stop].unsqueeze(1))  # g_v p(s | v)
+            d_prior = r.sum(-1)  # [r, S]
+            grad_prior[start:stop] = d_prior
+            dz = r.sub_(z.exp_().mul_(d_prior.unsqueeze(-1))).view(-1, vocab)  # [r S, V]
+            grad_features[start:stop] = (dz @ weight).view(-1, outcomes, dim)
+            grad_weight.addmm_(dz.t(), part)
+            grad_bias += dz.sum(0)
+        return (
+            grad_features.view_as(features),
+            grad_weight,
+            grad_bias,
+            grad_prior.view_as(log_prior),
+            None,
+        )
 
 
 class PRPNReader(nn.Module):
@@ -492,9 +571,9 @@ class PRPNLanguageModel(nn.Module):
         top [B, T, H], memory [B, T, K, H], scores [B, T, K] (raw attention scores), valid
         [B, T, K], limit [B, T, K + 1] = p(s) (:func:`_limit_distribution`). Reading s < K
         is the raw attention renormalised over the slots s..K-1 (hard gates 1(l <= i)),
-        reading K is empty (0). All K + 1 readings go through the Predict network and the
-        softmax at once; the [B, T, K + 1, V] scores are made chunk by chunk of steps (and
-        recomputed in the backward pass when training) to bound the memory.
+        reading K is empty (0). All K + 1 readings go through the Predict network at once and
+        the tied softmax in :class:`_MixtureLogProbs` (the [B, T, K + 1, V] scores made chunk by
+        chunk and recomputed in the backward pass, to bound the memory).
         """
         slots = memory.shape[-2]
         index = torch.arange(slots, device=memory.device)
@@ -507,26 +586,12 @@ class PRPNLanguageModel(nn.Module):
         log_prior = torch.log(torch.where(positive, limit, 1.0)).masked_fill(
             ~positive, float("-inf")
         )  # [B, T, K + 1], -inf (and no gradient) where p(s) = 0
-        batch, steps, outcomes, _ = reads.shape
-        width = max(1, self.config.chunk_size // max(1, batch * outcomes * self.config.vocab_size))
-        chunks = []
-        for start in range(0, steps, width):
-            part = (top[:, start : start + width], reads[:, start : start + width])
-            prior = log_prior[:, start : start + width]
-            if torch.is_grad_enabled() and any(x.requires_grad for x in (*part, prior)):
-                out = checkpoint(self._mixture, *part, prior, use_reentrant=False)
-            else:
-                out = self._mixture(*part, prior)
-            chunks.append(out)
-        return torch.cat(chunks, dim=1)  # [B, T, V]
-
-    def _mixture(self, top: Tensor, reads: Tensor, log_prior: Tensor) -> Tensor:
-        """log sum_s exp(log_prior[s] + log softmax(decoder(predict([h; read_s])))) [B, T, V]
-        for top [B, T, H], reads [B, T, S, H], log_prior [B, T, S]."""
-        queries = top.unsqueeze(-2).expand_as(reads)  # [B, T, S, H]
-        features = self.predict(torch.cat([queries, reads], dim=-1))  # [B, T, S, E]
-        log_probs = torch.log_softmax(self.decoder(self.output_dropout(features)), dim=-1)
-        return torch.logsumexp(log_probs + log_prior.unsqueeze(-1), dim=-2)  # [B, T, V]
+        queries = top.unsqueeze(-2).expand_as(reads)  # [B, T, K + 1, H]
+        features = self.predict(torch.cat([queries, reads], dim=-1))  # [B, T, K + 1, E]
+        features = self.output_dropout(features)
+        return _MixtureLogProbs.apply(
+            features, self.decoder.weight, self.decoder.bias, log_prior, self.config.chunk_size
+        )
 
     def forward(
         self, inputs: Tensor, state: tuple[Tensor, ...] | None = None
