@@ -128,6 +128,14 @@ def test_kernel_matches_without_lengths() -> None:
     _assert_same(got, want, torch.float64)
 
 
+def test_an_empty_batch_takes_the_pytorch_path() -> None:
+    scores, transitions, lengths = _draw((2, 4, 2, 2), False, torch.float64)
+    empty = _forward_pass(scores[:0], transitions[:0], lengths[:0] - 1)
+    assert not empty.kernel and empty.logz.shape == (0,)
+    dist = SemiMarkovCRF(scores[:0], transitions[:1].expand(0, 2, 2))
+    assert dist.log_partition.shape == (0,) and dist.marginals.shape == (0, 4, 2, 2)
+
+
 def test_the_kernels_run_and_share_the_layout_of_the_pytorch_pass() -> None:
     """The kernel's forward pass gives the PyTorch pass's local probabilities (0 past each
     item's length) and the PyTorch sweeps on it give the kernel's marginals and HVP."""

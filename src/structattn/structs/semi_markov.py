@@ -211,7 +211,7 @@ def _forward_pass(segment_scores: Tensor, transitions: Tensor, last: Tensor) -> 
     :func:`_work_dtype`; in the C++ kernels where they apply (:func:`_kernel_ops`)."""
     dtype = segment_scores.dtype
     ops = _kernel_ops(segment_scores, transitions)
-    if ops is not None and segment_scores.shape[1] > 0:
+    if ops is not None and segment_scores.shape[0] > 0 and segment_scores.shape[1] > 0:
         logz, root, seg, trans = ops.forward(segment_scores.detach(), transitions.detach(), last)
         return _Probs(logz, last, root, seg, trans, dtype, kernel=True)
     segment_scores = segment_scores.to(_work_dtype(segment_scores))
