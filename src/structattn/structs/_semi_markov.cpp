@@ -78,16 +78,79 @@ inline double softmax_in_place(double* x, int64_t count) {
   return top + std::log(total);
 }
 
+// Below this, the largest term of a factorised transition step may have lost a term that
+// underflowed (transition_step computes that column term by term instead).
+constexpr double kTiny = 1e-280;
+
+// A transition matrix's half of the factorised step: top[c] = max_a T(a, c) and
+// factor[a C + c] = exp(T(a, c) - top[c]) (0 in a column that is all -inf), [C] and [C, C].
+template <typename scalar_t>
+void factor_transitions(const scalar_t* transitions, int64_t C, double* top, double* factor) {
+  for (int64_t c = 0; c < C; ++c) {
+    double column = -kInf;
+    for (int64_t a = 0; a < C; ++a) {
+      const double v = static_cast<double>(transitions[a * C + c]);
+      column = v > column ? v : column;
+    }
+    top[c] = column;
+    for (int64_t a = 0; a < C; ++a) {
+      const double v = static_cast<double>(transitions[a * C + c]);
+      factor[a * C + c] = column == -kInf ? 0.0 : std::exp(v - column);
+    }
+  }
+}
+
+// beta(t + 1, c) = logsumexp_a alpha(t, a) + T(a, c) and its softmax over a (trans_t [C, C],
+// zeroed by the caller), factorised: exp(alpha(a) + T(a, c) - m - top[c]) = exp(alpha(a) - m)
+// factor[a C + c] with m = max_a alpha(a), so a step takes C exponentials instead of C^2. A
+// column whose largest product is below kTiny (a term that underflowed could matter: scores
+// of very different magnitudes), or with NaN, is computed term by term (softmax_in_place).
+template <typename scalar_t>
+void transition_step(const double* alpha, const scalar_t* transitions, const double* top,
+                     const double* factor, int64_t C, double* beta_next, double* trans_t,
+                     double* e_alpha, double* terms) {
+  double m = -kInf;
+  bool nan = false;
+  for (int64_t a = 0; a < C; ++a) {
+    m = alpha[a] > m ? alpha[a] : m;
+    nan = nan || std::isnan(alpha[a]);
+  }
+  if (m == -kInf && !nan) {  // no path reaches position t
+    for (int64_t c = 0; c < C; ++c) beta_next[c] = -kInf;
+    return;
+  }
+  for (int64_t a = 0; a < C; ++a) e_alpha[a] = std::exp(alpha[a] - m);
+  for (int64_t c = 0; c < C; ++c) {
+    double total = 0.0, largest = 0.0;
+    for (int64_t a = 0; a < C; ++a) {
+      const double v = e_alpha[a] * factor[a * C + c];
+      total += v;
+      largest = v > largest ? v : largest;
+    }
+    if (largest >= kTiny && !nan && std::isfinite(total)) {
+      beta_next[c] = m + top[c] + std::log(total);
+      const double inverse = 1.0 / total;
+      for (int64_t a = 0; a < C; ++a) trans_t[a * C + c] = e_alpha[a] * factor[a * C + c] * inverse;
+      continue;
+    }
+    for (int64_t a = 0; a < C; ++a) {
+      terms[a] = alpha[a] + static_cast<double>(transitions[a * C + c]);
+    }
+    beta_next[c] = softmax_in_place(terms, C);
+    for (int64_t a = 0; a < C; ++a) trans_t[a * C + c] = terms[a];
+  }
+}
+
 // The forward pass of one item (n positions) writing seg, trans and root (zeroed by the
-// caller); returns log Z. ``beta`` [N, C], ``alpha`` [C] and ``terms`` [max(K, C)] are
-// scratch.
+// caller); returns log Z. ``top`` and ``factor`` come from factor_transitions; ``beta``
+// [N, C], ``alpha`` and ``e_alpha`` [C] and ``terms`` [max(K, C)] are scratch.
 //   alpha(t, c) = logsumexp_{k <= min(K - 1, t)} beta(t - k, c) + s(t - k, k, c)
 //   beta(t + 1, c) = logsumexp_a alpha(t, a) + T(a, c),   beta(0, c) = 0
 //   log Z = logsumexp_c alpha(n - 1, c)
 template <typename scalar_t>
-double forward_item(const scalar_t* scores, const scalar_t* transitions, int64_t n,
-                    const Dims& d, double* seg, double* trans, double* root, double* beta,
-                    double* alpha, double* terms) {
+double forward_item(const scalar_t* scores, const scalar_t* transitions, const double* top,
+                    const double* factor, int64_t n, const Dims& d, double* seg, double* trans,
+                    double* root, double* beta, double* alpha, double* e_alpha, double* terms) {
   const int64_t K = d.width, C = d.labels;
   std::fill(beta, beta + C, 0.0);
   for (int64_t t = 0; t < n; ++t) {
@@ -102,15 +165,8 @@ double forward_item(const scalar_t* scores, const scalar_t* transitions, int64_t
       for (int64_t k = 0; k < count; ++k) seg_t[(K - 1 - k) * C + c] = terms[k];
     }
     if (t + 1 < n) {
-      double* beta_next = beta + (t + 1) * C;
-      double* trans_t = trans + t * C * C;
-      for (int64_t c = 0; c < C; ++c) {
-        for (int64_t a = 0; a < C; ++a) {
-          terms[a] = alpha[a] + static_cast<double>(transitions[a * C + c]);
-        }
-        beta_next[c] = softmax_in_place(terms, C);
-        for (int64_t a = 0; a < C; ++a) trans_t[a * C + c] = terms[a];
-      }
+      transition_step(alpha, transitions, top, factor, C, beta + (t + 1) * C, trans + t * C * C,
+                      e_alpha, terms);
     }
   }
   for (int64_t c = 0; c < C; ++c) terms[c] = alpha[c];
@@ -325,15 +381,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> semi_markov_forward(const Tensor& sco
     const scalar_t* sp = scores.data_ptr<scalar_t>();
     const scalar_t* tp = transitions.data_ptr<scalar_t>();
     for_chunks(chunk_starts(batch, work), [&](int64_t, int64_t start, int64_t length) {
-      std::vector<double> scratch(static_cast<size_t>(size * labels + labels + width + labels));
+      std::vector<double> scratch(
+          static_cast<size_t>((size + 4) * labels + labels * labels + width));
       double* beta = scratch.data();
       double* alpha = beta + size * labels;
-      double* terms = alpha + labels;
+      double* e_alpha = alpha + labels;
+      double* top = e_alpha + labels;
+      double* factor = top + labels;
+      double* terms = factor + labels * labels;  // [max(K, C)]
       for (int64_t b = start; b < start + length; ++b) {
-        zp[b] = forward_item(sp + b * size * width * labels, tp + b * trans_stride,
-                             lengths[b], d, seg_p + b * size * width * labels,
+        const scalar_t* tb = tp + b * trans_stride;
+        if (b == start || trans_stride != 0) factor_transitions(tb, labels, top, factor);
+        zp[b] = forward_item(sp + b * size * width * labels, tb, top, factor, lengths[b], d,
+                             seg_p + b * size * width * labels,
                              trans_p + b * (size - 1) * labels * labels, root_p + b * labels,
-                             beta, alpha, terms);
+                             beta, alpha, e_alpha, terms);
       }
     });
   });
