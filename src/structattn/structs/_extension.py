@@ -71,6 +71,7 @@ _HERE = Path(__file__).parent
 #: the compiled sources and the headers they include (all of them are hashed)
 _SOURCES = [_HERE / f"_{name}.cpp" for name in ("kernels", "eisner", "matrix_tree", "chain", "cky")]
 _SOURCES.append(_HERE / "_viterbi.cpp")  # Viterbi for linear chains (TORCH_LIBRARY op)
+_SOURCES.append(_HERE / "_semi_markov.cpp")  # semi-Markov CRF passes (TORCH_LIBRARY op)
 _HEADERS = sorted(_HERE.glob("_*.h"))
 #: seconds a build may take before it is announced (a cached load takes well under one)
 _NOTICE_DELAY = 1.0

@@ -23,7 +23,12 @@ log Z, the marginals and the Hessian-vector product (:func:`semi_markov_log_part
 local probabilities (each log-sum-exp's softmax, :class:`_Probs`), and every derivative is
 then a linear sweep over them (:func:`_adjoint_sweep` positions down for reverse mode,
 :func:`_tangent_sweep` positions up for forward mode), with out-of-place operations only,
-so that the same code runs under ``torch.func``'s wrappers.
+so that the same code runs under ``torch.func``'s wrappers. On CPU, for plain float32 and
+float64 tensors, the forward pass, the marginals' sweep and the Hessian-vector product run
+in the C++ kernels (``_semi_markov.cpp``: the same recurrences one item at a time in double
+precision, the local probabilities in the same layout) where they are built
+(``STRUCTATTN_EXTENSION=0`` turns them off); the PyTorch code is the path for other
+devices, for ``torch.func`` wrappers and without the kernels.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from torch import Tensor
 from .._precision import full_precision
 from .._validation import last_index, refuse_differentiated_backward
 from ..semirings import LogSemiring, Semiring
+from ._extension import kernels as compiled_kernels
 from ._library import semi_markov_ops, tracing
 from ._ops import (
     Stash,
@@ -167,6 +173,21 @@ class _Probs(NamedTuple):
     #: [B, N - 1, C, C]: exp(alpha(t, a) + T(a, c) - beta(t + 1, c))
     trans: Tensor
     dtype: torch.dtype  # of the scores (the results'); the passes run in :func:`_work_dtype`
+    #: computed by the C++ kernels (float64, 0 past each item's length), whose marginals
+    #: and Hessian-vector product (:func:`_outside`, :func:`_hvp`) then run there too
+    kernel: bool = False
+
+
+def _kernel_ops(*tensors: Tensor) -> Any:
+    """``torch.ops.structattn_semi_markov`` where the C++ kernels apply to ``tensors`` (CPU,
+    float32 or float64, no ``torch.func`` wrapper, built), else None (the PyTorch code)."""
+    if any(is_transformed(x) for x in tensors) or compiled_kernels(tensors[0]) is None:
+        return None
+    try:  # registered by _semi_markov.cpp when the kernels load (absent from an older build)
+        torch.ops.structattn_semi_markov.forward  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return None
+    return torch.ops.structattn_semi_markov
 
 
 def _work_dtype(x: Tensor) -> torch.dtype:
@@ -187,8 +208,12 @@ def _windows(rows: Tensor, width: int, fill: float) -> Tensor:
 def _forward_pass(segment_scores: Tensor, transitions: Tensor, last: Tensor) -> _Probs:
     """The log-semiring forward pass and its local probabilities (:class:`_Probs`), with
     out-of-place operations only (it runs on ``torch.func``'s wrapped tensors too), in
-    :func:`_work_dtype`."""
+    :func:`_work_dtype`; in the C++ kernels where they apply (:func:`_kernel_ops`)."""
     dtype = segment_scores.dtype
+    ops = _kernel_ops(segment_scores, transitions)
+    if ops is not None and segment_scores.shape[0] > 0 and segment_scores.shape[1] > 0:
+        logz, root, seg, trans = ops.forward(segment_scores.detach(), transitions.detach(), last)
+        return _Probs(logz, last, root, seg, trans, dtype, kernel=True)
     segment_scores = segment_scores.to(_work_dtype(segment_scores))
     transitions = transitions.to(segment_scores.dtype)
     batch, size, width, labels = segment_scores.shape
@@ -293,7 +318,14 @@ class _Outside(NamedTuple):
 def _outside(probs: _Probs) -> _Outside:
     """The marginals by hand (the derivative of log Z): one :func:`_adjoint_sweep` seeded
     with softmax(alpha(n - 1)), then p(segment) = P_seg(t, k, c) A(t, c) and
-    p(a -> c at t) = P_trans(t, a, c) B(t + 1, c)."""
+    p(a -> c at t) = P_trans(t, a, c) B(t + 1, c). In the C++ kernels after their forward
+    pass."""
+    if probs.kernel:
+        ops = torch.ops.structattn_semi_markov
+        g_alpha, g_beta, segs, pairs = ops.marginals(
+            probs.seg, probs.trans, probs.root, probs.last, probs.dtype
+        )
+        return _Outside(g_alpha, g_beta, segs, pairs)
     zeros = torch.zeros_like(probs.root).unsqueeze(1).expand(-1, probs.seg.shape[1], -1)
     g_alpha, g_beta = _adjoint_sweep(probs, _at_last(probs, probs.root), zeros)
     segments = _by_start((probs.seg * g_alpha.unsqueeze(2)).flip(2))
@@ -310,7 +342,22 @@ def _hvp(probs: _Probs, out: _Outside, d_seg: Tensor, d_trans: Tensor) -> tuple[
     respect to y (:func:`_outside`); the ybar part is one more :func:`_adjoint_sweep`,
     the rest a source term computed for all positions at once. Time O(B N (K C + C^2)) in
     2N sequential steps; out-of-place operations only (the direction may be a
-    ``torch.func`` wrapper)."""
+    ``torch.func`` wrapper). In the C++ kernels after their forward pass, for a plain
+    direction."""
+    if probs.kernel and _kernel_ops(d_seg, d_trans) is not None:
+        ops = torch.ops.structattn_semi_markov
+        h_seg, h_trans = ops.hvp(
+            probs.seg,
+            probs.trans,
+            probs.root,
+            probs.last,
+            out.g_alpha,
+            out.g_beta,
+            d_seg.detach(),
+            d_trans.detach(),
+            probs.dtype,
+        )
+        return h_seg, h_trans
     d_seg, d_trans = d_seg.to(probs.seg.dtype), d_trans.to(probs.seg.dtype)
     d_ends = segments_by_end(d_seg, 0.0).flip(2)  # [B, N, K, C], window order
     src_alpha = (probs.seg * d_ends).sum(2)  # [B, N, C]
