@@ -236,16 +236,13 @@ _FUSED_SIZE = 96
 # Dispatch by measurement (#42): per SIMD target of the loaded kernels
 # (_extension.loaded_target()), the largest tree the fused loops serve, where it differs from
 # _FUSED_SIZE; larger trees take the kernels' per-width ATen path (the PyTorch code's
-# operations without its Python overhead, whose speed does not depend on the clone).
-# x86-64-v3 (AVX2): the fused loops took 1.07-4.9x the PyTorch code's time at N = 20-96
-# (1.4-4.9x from N = 40; 0.04-1.07x at N = 10), the ATen path 0.03-1.05x at every N
-# (benchmarks/clone_audit.py), so the ATen path serves every size. Baseline x86-64 (SSE2):
-# the fused loops 0.06-0.36x at N = 10-20 and 0.58-0.68x at N = 30, 0.59-1.02x at N = 40
-# and up to 1.38x from N = 56, the ATen path 0.37-0.98x from N = 20: the fused loops up to
-# 32 positions. The figures:
-# benchmarks/README.md, "Kernels per SIMD target". x86-64-v4, a target missing here, or
-# kernels too old to say: _FUSED_SIZE.
-_FUSED_SIZES = {"x86-64-v3": 0, "x86-64": 32}
+# operations without its Python overhead, whose speed does not depend on the clone much).
+# x86-64-v3 (AVX2): since the fused loops compute in native 256-bit vectors (_eisner.cpp,
+# Pack), 0.04-0.58x the PyTorch code's time at N = 20-65 where the ATen path takes
+# 0.58-0.97x: the fused loops up to _FUSED_SIZE, as on x86-64-v4. Baseline x86-64 (SSE2):
+# the fused loops up to 32 positions. The figures: benchmarks/README.md, "Kernels per SIMD
+# target". x86-64-v4, a target missing here, or kernels too old to say: _FUSED_SIZE.
+_FUSED_SIZES = {"x86-64": 32}
 
 
 def _fused(size: int) -> bool:
