@@ -274,14 +274,14 @@ struct Chunk {
   Tensor last;   // [B]
   std::vector<int64_t> active;  // per width: the number of items at least that long
   bool multiroot = true;
-  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1 (active items), if kept
+  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1, 2, ... (active items), if kept
 
   Tensor open_root(int64_t w) const {
     return multiroot ? Tensor() : last.narrow(0, 0, active[w]).ne(w);
   }
 
   std::pair<Tensor, Tensor> split_weights(const Layout& full, int64_t w) const {
-    if (!weights.empty()) return weights[w - 1];
+    if (w <= static_cast<int64_t>(weights.size())) return weights[w - 1];
     const int64_t n = full.size - w, k = active[w];
     const Layout lay = full.first_items(k);
     Tensor terms = lay.terms(chart, w);
@@ -305,13 +305,14 @@ std::vector<int64_t> active_counts(const Tensor& last, int64_t size) {
   return active;
 }
 
-void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
+// keeps the split weights of widths 1 .. kept (the others are recomputed when needed)
+void inside(Chunk& c, const Tensor& arcs, int64_t kept) {
   const int64_t batch = arcs.size(0), size = arcs.size(1);
   c.chart = at::full({batch, 6, size, size}, kNegInf, arcs.options());
   c.chart.narrow(1, 1, 2).select(2, 0).fill_(0.0);  // complete spans of width 0
   c.chart.narrow(1, 3, 2).select(2, size - 1).fill_(0.0);
-  c.inner = keep_weights ? at::empty({0}, arcs.options())
-                         : at::full({batch, size, size}, kNegInf, arcs.options());
+  c.inner = kept >= size - 1 ? at::empty({0}, arcs.options())
+                             : at::full({batch, size, size}, kNegInf, arcs.options());
   const Layout full(c.chart);
   const double floor = lowest(arcs);
   for (int64_t w = 1; w < size; ++w) {
@@ -321,7 +322,7 @@ void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
     const Tensor arcs_w = arcs_of_width(arcs.narrow(0, 0, k), w);
     Tensor terms = lay.terms(c.chart, w);
     Tensor inc = lay.inc(c.chart, w);
-    if (keep_weights) {  // one exp of the terms gives the sums and the split weights
+    if (w <= kept) {  // one exp of the terms gives the sums and the split weights
       Tensor top = terms.amax({2}, true).clamp_min_(floor);
       Tensor e = terms.sub_(top).exp_();
       auto [scale, r] = inside_width(top, e.sum({2}), arcs_w, inc, lay.comp(c.chart, w),
@@ -379,7 +380,8 @@ Tensor outside(const Chunk& c, const Tensor& seed, Outside* keep) {
 Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
   Tensor tangent = at::zeros_like(c.chart);
   const Layout full(tangent);
-  const bool keep = !c.weights.empty() && !o.parents.empty();
+  // widths 1 .. kept: their tangent sums kept for the outside part
+  const int64_t kept = o.parents.empty() ? 0 : static_cast<int64_t>(c.weights.size());
   std::vector<std::pair<Tensor, Tensor>> sums;  // per width (dot terms, dot sums [B, 3, 1, n])
   for (int64_t w = 1; w < full.size; ++w) {
     const int64_t k = c.active[w];
@@ -390,7 +392,7 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
     Tensor d_sums = (p * d_terms).sum(2);  // [B, 3, n]; groups 0, 2 become dot C below
     hvp_inside_width(d_sums, arcs_of_width(direction.narrow(0, 0, k), w), r,
                      lay.inc(tangent, w), lay.comp(tangent, w));
-    if (keep) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
+    if (w <= kept) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
   }
   Tensor d_grad = at::zeros_like(tangent);
   for (int64_t w = full.size - 1; w > 0; --w) {
@@ -398,10 +400,10 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
     const Layout lay = full.first_items(c.active[w]);
     auto [p, r] = c.split_weights(full, w);
     Tensor d_terms, d_parent, g_parent;  // [B, 3, w, n], [B, 3, 1, n] (dot P), (g(P))
-    if (keep) {
+    if (w <= kept) {
       std::tie(d_terms, d_parent) = sums.back();
       sums.pop_back();
-      g_parent = o.parents.at(o.parents.size() - sums.size() - 1);
+      g_parent = o.parents.at(o.parents.size() - w);  // widths longest .. 1
     } else {
       d_terms = lay.terms(tangent, w);
       Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
@@ -726,8 +728,9 @@ struct Group {
   int64_t span = 0;            // 1 + the largest last position: the passes stop there
   Vec last{};                  // index of each item's last position (padding lanes: span - 1)
   Buffer chart;    // CR, CL, IR, IL [4, N, N] (IR, IL: s < t only)
-  Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T], if kept
-  Buffer inner;    // inner(s, t) [N, N] when the weights are not kept (they are recomputed)
+  int64_t kept = 0;  // the widths 1 .. kept keep their weights (the others are recomputed)
+  Buffer weights;   // the three sums' softmax weights (inner, CR, CL) [3, T], if kept
+  Buffer inner;     // inner(s, t) [N, N] when some weights are not kept
 };
 
 enum Kind : int64_t { kCR = 0, kCL = 1, kIR = 2, kIL = 3, kInner = 4 };
@@ -795,29 +798,29 @@ STRUCTATTN_INLINE Pack<P> max_of(const Pack<P>& a, const Pack<P>& m) {
 // Inside pass of one group: chart and weights from the arcs a[h * N + m].
 template <int P>
 STRUCTATTN_INLINE void fused_inside_lanes(Group& g, const Vec* a, int64_t size, bool multiroot,
-                                          bool keep) {
+                                          int64_t kept) {
   using V = Pack<P>;
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
   g.chart = Buffer(4 * nn);  // every entry read is written first
-  if (keep) {
-    g.weights = Buffer(3 * base[size]);
-  } else {
-    g.inner = Buffer(nn);
-  }
-  Buffer scratch = keep ? Buffer() : Buffer(3 * size);  // a span's weights, if not kept
+  kept = g.kept = std::max<int64_t>(0, std::min(kept, size - 1));
+  const int64_t stride = base[kept + 1];  // the kept weights of one sum
+  if (kept > 0) g.weights = Buffer(3 * stride);
+  if (kept < size - 1) g.inner = Buffer(nn);
+  Buffer scratch = kept < size - 1 ? Buffer(3 * size) : Buffer();  // the others' weights
   Vec* ch = g.chart.get();
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
   Vec* ir = ch + kIR * nn;
   Vec* il = ch + kIL * nn;
-  const int64_t terms = keep ? base[size] : size;
   for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
   const V ninf = V::splat(kNegInf);
   const V last = V::load(&g.last);
   for (int64_t w = 1; w < g.span; ++w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, st = s * size + t, off = base[w] + s * w;
+      const bool keep = w <= kept;
+      const int64_t terms = keep ? stride : size;
       Vec* p = keep ? g.weights.get() + off : scratch.get();  // inner
       V m = ninf;
       for (int64_t j = 0; j < w; ++j) {
@@ -856,8 +859,8 @@ STRUCTATTN_INLINE void fused_inside_lanes(Group& g, const Vec* a, int64_t size, 
   }
 }
 STRUCTATTN_PER_TARGET(fused_inside,
-                      (Group & g, const Vec* a, int64_t size, bool multiroot, bool keep),
-                      (g, a, size, multiroot, keep))
+                      (Group & g, const Vec* a, int64_t size, bool multiroot, int64_t kept),
+                      (g, a, size, multiroot, kept))
 
 // exp(x - total): the softmax weight of a term x of a sum (0 where the sum is -inf)
 template <int P>
@@ -882,9 +885,9 @@ STRUCTATTN_INLINE SpanWeights span_weights(const Group& g, int64_t size,
                                            const std::vector<int64_t>& base, int64_t w,
                                            int64_t s, Vec* scratch) {
   using V = Pack<P>;
-  if (g.weights.get() != nullptr) {
+  if (w <= g.kept) {
     const Vec* p = g.weights.get() + base[w] + s * w;
-    const int64_t terms = base[size];
+    const int64_t terms = base[g.kept + 1];
     return {p, p + terms, p + 2 * terms};
   }
   const int64_t nn = size * size, t = s + w, st = s * size + t;
@@ -1270,10 +1273,11 @@ struct EisnerOutside {
 };
 
 // The inside pass; ``fused``: by the fused path (where it is compiled in), else by the ATen
-// path; either keeps the split weights if ``keep_weights`` (else the outside pass and the
-// Hessian-vector product recompute them: memory O(B N^2) instead of O(B N^3)).
+// path; either keeps the split weights of the widths 1 .. ``kept_widths`` (the outside pass
+// and the Hessian-vector product recompute the others: memory O(B N^2) instead of
+// O(B N^3); dependency._kept_widths picks how many).
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
-                                           bool multiroot, bool keep_weights, bool fused) {
+                                           bool multiroot, int64_t kept_widths, bool fused) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
   auto state = std::make_shared<EisnerState>();
@@ -1297,7 +1301,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
       for (size_t first = 0; first < mine.size(); first += kTrees) {
         Group g = make_group(mine, first, lp);
         const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
-        fused_inside(g, a.data(), size, multiroot, keep_weights);
+        fused_inside(g, a.data(), size, multiroot, kept_widths);
         for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
           zp[g.items[l]] = g.chart[lp[g.items[l]]][l];
         state->fused[i].push_back(std::move(g));
@@ -1325,7 +1329,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   }
   for_each_chunk(count, [&](int64_t i) {
     Chunk& c = state->chunks[i];
-    inside(c, c.take_square(arcs), keep_weights);
+    inside(c, c.take_square(arcs), kept_widths);
   });
   return state;
 }
@@ -1471,7 +1475,7 @@ void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
   pybind11::class_<EisnerOutside, std::shared_ptr<EisnerOutside>>(m, "EisnerOutside");
   m.def("eisner_inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
-        pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
+        pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("kept_widths"),
         pybind11::arg("fused"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("eisner_log_partition", &eisner_log_partition, "log Z [B] from the state");
