@@ -620,21 +620,35 @@ def test_chain_properties(batch: int, size: int, labels: int, seed: int) -> None
     assert (dist.entropy >= -1e-9).all()
 
 
-@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
+def _keep_split_weights(cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cached``: every width's split weights kept; ``recomputed``: none (and the kernels'
+    ATen path); ``partly``: some widths (the rest recomputed, as beyond _CACHE_ELEMENTS): the
+    kernels' first half, the PyTorch code's odd widths."""
+    from structattn.structs import dependency
+
+    if cache == "recomputed":
+        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)  # the ATen path, recomputing
+    elif cache == "partly":
+        monkeypatch.setattr(dependency, "_kept_widths", lambda batch, size: size // 2)
+        monkeypatch.setattr(
+            dependency, "_kept_mask", lambda batch, size: [w % 2 == 1 for w in range(1, size)]
+        )
+
+
+@pytest.mark.parametrize("cache", ["cached", "recomputed", "partly"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 def test_eisner_hand_written_outside_matches_autograd(
-    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
+    multiroot: bool, cache: str, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
 ) -> None:
     """log Z's backward by the hand-written outside pass equals autograd through the inside
     pass (padding, -inf arcs, an item with no tree), and so does its double backward (the
-    hand-written Hessian-vector product, with split weights kept or recomputed)."""
+    hand-written Hessian-vector product, with split weights kept, recomputed, or kept for
+    the narrow widths only)."""
     from structattn.semirings import LogSemiring
-    from structattn.structs import dependency
     from structattn.structs.dependency import eisner_inside, eisner_log_partition
 
-    if not cache:
-        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
-        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)  # the ATen path, recomputing
+    _keep_split_weights(cache, monkeypatch)
 
     gen = torch.Generator().manual_seed(21)
     scores = torch.randn(5, 9, 9, dtype=torch.float64, generator=gen) * 3
@@ -657,20 +671,18 @@ def test_eisner_hand_written_outside_matches_autograd(
         torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("cache", [True, False], ids=["cached", "recomputed"])
+@pytest.mark.parametrize("cache", ["cached", "recomputed", "partly"])
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 def test_eisner_hessian_vector_product_gradchecks(
-    multiroot: bool, cache: bool, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
+    multiroot: bool, cache: str, monkeypatch: pytest.MonkeyPatch, kernel_backend: str
 ) -> None:
     """The hand-written Hessian-vector product (backward of the marginals; split weights kept
-    from the outside pass or recomputed) passes gradcheck, scales with the incoming gradient
-    of log Z, and its own derivative (third order, by the autograd fallback) passes too."""
-    from structattn.structs import dependency
+    from the outside pass, recomputed, or both by width) passes gradcheck, scales with the
+    incoming gradient of log Z, and its own derivative (third order, by the autograd
+    fallback) passes too."""
     from structattn.structs.dependency import eisner_log_partition
 
-    if not cache:
-        monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
-        monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)  # the ATen path, recomputing
+    _keep_split_weights(cache, monkeypatch)
 
     gen = torch.Generator().manual_seed(5)
     scores = torch.randn(3, 5, 5, dtype=torch.float64, generator=gen)
@@ -739,3 +751,23 @@ def test_eisner_saved_state_survives_repeated_backward(kernel_backend: str) -> N
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
     torch.testing.assert_close(again, marginals.detach(), rtol=0, atol=0)
     assert grads[0].abs().sum() > 0
+
+
+def test_kept_split_weights_fit_the_budget_and_grow_smoothly() -> None:
+    """The kept split weights stay within _CACHE_ELEMENTS, are all kept while they fit, and
+    one more position recomputes only a few widths (no all-or-nothing step, #42)."""
+    from structattn.structs import dependency
+
+    budget = dependency._CACHE_ELEMENTS
+    for batch, size in [(32, 64), (32, 65), (32, 80), (8, 101), (8, 102), (1, 2), (1, 1)]:
+        sizes = [3 * batch * w * (size - w) for w in range(1, size)]
+        mask = dependency._kept_mask(batch, size)
+        prefix = dependency._kept_widths(batch, size)
+        assert len(mask) == max(size - 1, 0)
+        if sum(sizes) <= budget:
+            assert all(mask) and prefix == size - 1
+            continue
+        assert sum(n for n, k in zip(sizes, mask, strict=True) if k) <= budget
+        assert sum(sizes[:prefix]) <= budget < sum(sizes[: prefix + 1])
+    assert dependency._kept_mask(32, 64).count(False) == 0
+    assert dependency._kept_mask(32, 65).count(False) <= 3  # the widest few middle widths

@@ -54,7 +54,9 @@ def _scores(batch: int, size: int, dtype: torch.dtype, seed: int) -> tuple[Tenso
 
 
 @pytest.mark.usefixtures("small_chunks")
-@pytest.mark.parametrize("path", ["fused", "fused-recomputed", "cached", "recomputed"])
+@pytest.mark.parametrize(
+    "path", ["fused", "fused-recomputed", "fused-partly", "cached", "recomputed", "partly"]
+)
 @pytest.mark.parametrize("multiroot", [True, False], ids=["multiroot", "oneroot"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["f64", "f32"]
@@ -64,12 +66,17 @@ def test_kernels_equal_the_pytorch_code(
 ) -> None:
     """log Z, marginals, Hessian-vector product and log Z's gradient agree (lengths, -inf
     arcs, one- and two-position items, more items than one group of SIMD lanes; the fused
-    loops, or the per-width ATen path with the split weights kept or recomputed), with the
-    batch in one chunk and in two (two threads)."""
+    loops, or the per-width ATen path with the split weights kept, recomputed, or kept for
+    the narrow widths only), with the batch in one chunk and in two (two threads)."""
     if not path.startswith("fused"):
         monkeypatch.setattr(dependency, "_FUSED_SIZE", 0)
     if path.endswith("recomputed"):
         monkeypatch.setattr(dependency, "_CACHE_ELEMENTS", 0)
+    if path.endswith("partly"):
+        monkeypatch.setattr(dependency, "_kept_widths", lambda batch, size: size // 2)
+        monkeypatch.setattr(
+            dependency, "_kept_mask", lambda batch, size: [w % 2 == 1 for w in range(1, size)]
+        )
     for batch, size in [(1, 2), (3, 6), (7, 12), (19, 9)]:
         scores, lengths = _scores(batch, size, dtype, seed=batch)
         with kernels_disabled():

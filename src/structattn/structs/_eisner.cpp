@@ -274,14 +274,14 @@ struct Chunk {
   Tensor last;   // [B]
   std::vector<int64_t> active;  // per width: the number of items at least that long
   bool multiroot = true;
-  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1 .. N-1 (active items), if kept
+  std::vector<std::pair<Tensor, Tensor>> weights;  // per width 1, 2, ... (active items), if kept
 
   Tensor open_root(int64_t w) const {
     return multiroot ? Tensor() : last.narrow(0, 0, active[w]).ne(w);
   }
 
   std::pair<Tensor, Tensor> split_weights(const Layout& full, int64_t w) const {
-    if (!weights.empty()) return weights[w - 1];
+    if (w <= static_cast<int64_t>(weights.size())) return weights[w - 1];
     const int64_t n = full.size - w, k = active[w];
     const Layout lay = full.first_items(k);
     Tensor terms = lay.terms(chart, w);
@@ -305,13 +305,14 @@ std::vector<int64_t> active_counts(const Tensor& last, int64_t size) {
   return active;
 }
 
-void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
+// keeps the split weights of widths 1 .. kept (the others are recomputed when needed)
+void inside(Chunk& c, const Tensor& arcs, int64_t kept) {
   const int64_t batch = arcs.size(0), size = arcs.size(1);
   c.chart = at::full({batch, 6, size, size}, kNegInf, arcs.options());
   c.chart.narrow(1, 1, 2).select(2, 0).fill_(0.0);  // complete spans of width 0
   c.chart.narrow(1, 3, 2).select(2, size - 1).fill_(0.0);
-  c.inner = keep_weights ? at::empty({0}, arcs.options())
-                         : at::full({batch, size, size}, kNegInf, arcs.options());
+  c.inner = kept >= size - 1 ? at::empty({0}, arcs.options())
+                             : at::full({batch, size, size}, kNegInf, arcs.options());
   const Layout full(c.chart);
   const double floor = lowest(arcs);
   for (int64_t w = 1; w < size; ++w) {
@@ -321,7 +322,7 @@ void inside(Chunk& c, const Tensor& arcs, bool keep_weights) {
     const Tensor arcs_w = arcs_of_width(arcs.narrow(0, 0, k), w);
     Tensor terms = lay.terms(c.chart, w);
     Tensor inc = lay.inc(c.chart, w);
-    if (keep_weights) {  // one exp of the terms gives the sums and the split weights
+    if (w <= kept) {  // one exp of the terms gives the sums and the split weights
       Tensor top = terms.amax({2}, true).clamp_min_(floor);
       Tensor e = terms.sub_(top).exp_();
       auto [scale, r] = inside_width(top, e.sum({2}), arcs_w, inc, lay.comp(c.chart, w),
@@ -379,7 +380,8 @@ Tensor outside(const Chunk& c, const Tensor& seed, Outside* keep) {
 Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
   Tensor tangent = at::zeros_like(c.chart);
   const Layout full(tangent);
-  const bool keep = !c.weights.empty() && !o.parents.empty();
+  // widths 1 .. kept: their tangent sums kept for the outside part
+  const int64_t kept = o.parents.empty() ? 0 : static_cast<int64_t>(c.weights.size());
   std::vector<std::pair<Tensor, Tensor>> sums;  // per width (dot terms, dot sums [B, 3, 1, n])
   for (int64_t w = 1; w < full.size; ++w) {
     const int64_t k = c.active[w];
@@ -390,7 +392,7 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
     Tensor d_sums = (p * d_terms).sum(2);  // [B, 3, n]; groups 0, 2 become dot C below
     hvp_inside_width(d_sums, arcs_of_width(direction.narrow(0, 0, k), w), r,
                      lay.inc(tangent, w), lay.comp(tangent, w));
-    if (keep) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
+    if (w <= kept) sums.emplace_back(d_terms, d_sums.unsqueeze(2));
   }
   Tensor d_grad = at::zeros_like(tangent);
   for (int64_t w = full.size - 1; w > 0; --w) {
@@ -398,10 +400,10 @@ Tensor hvp(const Chunk& c, const Outside& o, const Tensor& direction) {
     const Layout lay = full.first_items(c.active[w]);
     auto [p, r] = c.split_weights(full, w);
     Tensor d_terms, d_parent, g_parent;  // [B, 3, w, n], [B, 3, 1, n] (dot P), (g(P))
-    if (keep) {
+    if (w <= kept) {
       std::tie(d_terms, d_parent) = sums.back();
       sums.pop_back();
-      g_parent = o.parents.at(o.parents.size() - sums.size() - 1);
+      g_parent = o.parents.at(o.parents.size() - w);  // widths longest .. 1
     } else {
       d_terms = lay.terms(tangent, w);
       Tensor d_inner = (p.select(1, 1) * d_terms.select(1, 1)).sum(1).unsqueeze(1);
@@ -447,38 +449,183 @@ typedef int64_t IVec __attribute__((vector_size(kTrees * sizeof(int64_t)), align
 
 inline Vec splat(double x) { return Vec{} + x; }
 
+// The fused loops compute on Pack<P>: the kTrees lanes of a Vec as kTrees / P vectors of P
+// doubles, P the widest vector the clone computes in (8 on x86-64-v4, 4 on x86-64-v3, 2 on
+// baseline x86-64: one instantiation per target, STRUCTATTN_PER_TARGET below). Without
+// AVX-512, GCC keeps a Vec (512 bits) in memory, not registers, moves it through the stack
+// between operations (mixed-width stores and loads that stall store forwarding) and does
+// its comparisons and selects lane by lane with scalar code and branches: what made the
+// x86-64-v3 and baseline clones of the fused path several times slower than the v4 clone
+// (#42). Each part of a Pack is a native vector in a register, loaded from and stored to
+// the Vec charts (same layout) part by part.
 // Only operations every clone has as vector instructions: no conversion between double and
-// int64 lanes (``__builtin_convertvector``: AVX-512DQ only; without it GCC converts lane by
-// lane, which made the x86-64-v3 and baseline clones of the fused path several times
-// slower, #42) and no arithmetic right shift of int64 lanes (AVX-512F only). Integers in
-// [-2^51, 2^51] go between the two by the magic number 1.5 * 2^52: the double k + magic has
-// the bits of the int64 bits(magic) + k.
-// (bits are moved between the types by vector casts, which GCC and clang define as bit
-// copies; not by reinterpret_cast, which breaks strict aliasing: -O2 then returned garbage)
-typedef uint64_t UVec __attribute__((vector_size(kTrees * sizeof(uint64_t)), aligned(8)));
+// int64 lanes (AVX-512DQ only) and no arithmetic right shift of int64 lanes (AVX-512F
+// only). Integers in [-2^51, 2^51] go between the two by the magic number 1.5 * 2^52: the
+// double k + magic has the bits of the int64 bits(magic) + k. Bits move between the types
+// by vector casts, which GCC and clang define as bit copies.
 constexpr double kMagic = 0x1.8p52;
 constexpr int64_t kMagicBits = 0x4338000000000000;  // the bits of kMagic
+
+#define STRUCTATTN_INLINE __attribute__((always_inline)) inline
+#define STRUCTATTN_PARTS _Pragma("GCC unroll 8") for (int k = 0; k < kTrees / P; ++k)
+
+template <int P>
+struct Pack {  // kTrees doubles
+  typedef double Part __attribute__((vector_size(P * sizeof(double)), aligned(8)));
+  Part v[kTrees / P];
+  // (a vector of doubles may alias the doubles of a Vec: GCC's and clang's vector types
+  // take the alias set of their element type)
+  static STRUCTATTN_INLINE Pack load(const Vec* p) {
+    Pack out;
+    const double* x = reinterpret_cast<const double*>(p);
+    STRUCTATTN_PARTS out.v[k] = *reinterpret_cast<const Part*>(x + k * P);
+    return out;
+  }
+  STRUCTATTN_INLINE void store(Vec* p) const {
+    double* x = reinterpret_cast<double*>(p);
+    STRUCTATTN_PARTS *reinterpret_cast<Part*>(x + k * P) = v[k];
+  }
+  static STRUCTATTN_INLINE Pack splat(double x) {
+    Pack out;
+    STRUCTATTN_PARTS out.v[k] = Part{} + x;
+    return out;
+  }
+};
+
+template <int P>
+struct IPack {  // kTrees int64 (comparison masks: all ones or zero; bits of doubles)
+  typedef int64_t Part __attribute__((vector_size(P * sizeof(int64_t)), aligned(8)));
+  Part v[kTrees / P];
+  static STRUCTATTN_INLINE IPack splat(int64_t x) {
+    IPack out;
+    STRUCTATTN_PARTS out.v[k] = Part{} + x;
+    return out;
+  }
+};
+
+#define STRUCTATTN_PACK_OP(In, Out, op)                                               \
+  template <int P>                                                                    \
+  STRUCTATTN_INLINE Out<P> operator op(const In<P>& a, const In<P>& b) {              \
+    Out<P> out;                                                                       \
+    STRUCTATTN_PARTS out.v[k] = a.v[k] op b.v[k];                                     \
+    return out;                                                                       \
+  }
+STRUCTATTN_PACK_OP(Pack, Pack, +)
+STRUCTATTN_PACK_OP(Pack, Pack, -)
+STRUCTATTN_PACK_OP(Pack, Pack, *)
+STRUCTATTN_PACK_OP(Pack, Pack, /)
+STRUCTATTN_PACK_OP(Pack, IPack, <)
+STRUCTATTN_PACK_OP(Pack, IPack, >)
+STRUCTATTN_PACK_OP(Pack, IPack, ==)
+STRUCTATTN_PACK_OP(Pack, IPack, !=)
+STRUCTATTN_PACK_OP(IPack, IPack, +)
+STRUCTATTN_PACK_OP(IPack, IPack, -)
+STRUCTATTN_PACK_OP(IPack, IPack, &)
+STRUCTATTN_PACK_OP(IPack, IPack, |)
+#undef STRUCTATTN_PACK_OP
+template <int P>
+STRUCTATTN_INLINE Pack<P> operator+(const Pack<P>& a, double b) { return a + Pack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE Pack<P> operator-(const Pack<P>& a, double b) { return a - Pack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE Pack<P> operator*(const Pack<P>& a, double b) { return a * Pack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE Pack<P> operator*(double a, const Pack<P>& b) { return Pack<P>::splat(a) * b; }
+template <int P>
+STRUCTATTN_INLINE Pack<P> operator/(double a, const Pack<P>& b) { return Pack<P>::splat(a) / b; }
+template <int P>
+STRUCTATTN_INLINE Pack<P>& operator+=(Pack<P>& a, const Pack<P>& b) { return a = a + b; }
+template <int P>
+STRUCTATTN_INLINE IPack<P> operator+(const IPack<P>& a, int64_t b) { return a + IPack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE IPack<P> operator-(const IPack<P>& a, int64_t b) { return a - IPack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE IPack<P> operator&(const IPack<P>& a, int64_t b) { return a & IPack<P>::splat(b); }
+template <int P>
+STRUCTATTN_INLINE IPack<P> operator|(const IPack<P>& a, int64_t b) { return a | IPack<P>::splat(b); }
+
+// mask ? x : y, lane by lane
+template <int P>
+STRUCTATTN_INLINE Pack<P> select(const IPack<P>& mask, const Pack<P>& x, const Pack<P>& y) {
+  Pack<P> out;
+  STRUCTATTN_PARTS out.v[k] = mask.v[k] ? x.v[k] : y.v[k];
+  return out;
+}
+template <int P>
+STRUCTATTN_INLINE IPack<P> select(const IPack<P>& mask, const IPack<P>& x, const IPack<P>& y) {
+  IPack<P> out;
+  STRUCTATTN_PARTS out.v[k] = mask.v[k] ? x.v[k] : y.v[k];
+  return out;
+}
+template <int P>
+STRUCTATTN_INLINE IPack<P> bits_of(const Pack<P>& x) {  // the bits of doubles
+  IPack<P> out;
+  STRUCTATTN_PARTS out.v[k] = (typename IPack<P>::Part)x.v[k];
+  return out;
+}
+template <int P>
+STRUCTATTN_INLINE Pack<P> doubles_of(const IPack<P>& x) {  // doubles with these bits
+  Pack<P> out;
+  STRUCTATTN_PARTS out.v[k] = (typename Pack<P>::Part)x.v[k];
+  return out;
+}
+template <int P>
+STRUCTATTN_INLINE IPack<P> shift_left(const IPack<P>& x, int n) {
+  IPack<P> out;
+  STRUCTATTN_PARTS out.v[k] = x.v[k] << n;
+  return out;
+}
+template <int P>
+STRUCTATTN_INLINE IPack<P> shift_right_logical(const IPack<P>& x, int n) {
+  typedef uint64_t U __attribute__((vector_size(P * sizeof(uint64_t)), aligned(8)));
+  IPack<P> out;
+  STRUCTATTN_PARTS out.v[k] = (typename IPack<P>::Part)((U)x.v[k] >> n);
+  return out;
+}
+
+// One function per target, calling its body name##_lanes<P> (always inlined, so compiled
+// for that target) with the target's width P: function multiversioning with the targets
+// and priorities of STRUCTATTN_CLONES (_kernels.h); one width for a one-target build.
+#ifdef STRUCTATTN_HAS_CLONES
+#define STRUCTATTN_PER_TARGET(name, params, args)                                          \
+  __attribute__((target("arch=x86-64-v4"))) void name params { name##_lanes<8> args; } \
+  __attribute__((target("arch=x86-64-v3"))) void name params { name##_lanes<4> args; } \
+  __attribute__((target("default"))) void name params { name##_lanes<2> args; }
+#else
+#if defined(__AVX512F__)
+constexpr int kNativeWidth = 8;
+#elif defined(__AVX__)
+constexpr int kNativeWidth = 4;
+#else
+constexpr int kNativeWidth = 2;
+#endif
+#define STRUCTATTN_PER_TARGET(name, params, args) \
+  void name params { name##_lanes<kNativeWidth> args; }
+#endif
 
 // exp(x) for x <= 0 (-inf and x < -708, where the result would be below 1e-307, give 0): a
 // Cody-Waite reduction x = n log 2 + r, |r| <= log(2) / 2, and the Taylor polynomial of
 // degree 13 (relative error below 1e-16 + rounding).
-__attribute__((always_inline)) inline Vec exp_lanes(const Vec& x) {
-  const Vec floor = splat(-708.0);
-  const Vec xc = x < floor ? floor : x;
-  const Vec magic = splat(kMagic);  // adding it rounds to an integer
-  const Vec shifted = xc * 1.4426950408889634 + magic;  // n + magic, n in [-1022, 0]
-  const Vec n = shifted - magic;
-  const Vec r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
-  Vec p = splat(1.0 / 6227020800.0);  // 1/13!
+template <int P>
+STRUCTATTN_INLINE Pack<P> exp_lanes(const Pack<P>& x) {
+  using V = Pack<P>;
+  const V floor = V::splat(-708.0);
+  const IPack<P> under = x < floor;
+  const V xc = select(under, floor, x);
+  const V magic = V::splat(kMagic);  // adding it rounds to an integer
+  const V shifted = xc * 1.4426950408889634 + magic;  // n + magic, n in [-1022, 0]
+  const V n = shifted - magic;
+  const V r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  V p = V::splat(1.0 / 6227020800.0);  // 1/13!
   const double coef[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
                          1.0 / 362880.0,    1.0 / 40320.0,    1.0 / 5040.0,
                          1.0 / 720.0,       1.0 / 120.0,      1.0 / 24.0,
                          1.0 / 6.0,         0.5,              1.0,
                          1.0};
+#pragma GCC unroll 16
   for (double c : coef) p = p * r + c;
-  const IVec bits = ((IVec)shifted + (1023 - kMagicBits)) << 52;  // 2^n
-  const Vec out = p * (Vec)bits;
-  return x < floor ? splat(0.0) : out;
+  const IPack<P> two_n = shift_left(bits_of(shifted) + (1023 - kMagicBits), 52);  // 2^n
+  return select(under, V::splat(0.0), p * doubles_of(two_n));
 }
 
 // Memory of the fused path, recycled: on this VM a fresh multi-megabyte allocation pays its
@@ -581,8 +728,9 @@ struct Group {
   int64_t span = 0;            // 1 + the largest last position: the passes stop there
   Vec last{};                  // index of each item's last position (padding lanes: span - 1)
   Buffer chart;    // CR, CL, IR, IL [4, N, N] (IR, IL: s < t only)
-  Buffer weights;  // the three sums' softmax weights (inner, CR, CL) [3, T], if kept
-  Buffer inner;    // inner(s, t) [N, N] when the weights are not kept (they are recomputed)
+  int64_t kept = 0;  // the widths 1 .. kept keep their weights (the others are recomputed)
+  Buffer weights;   // the three sums' softmax weights (inner, CR, CL) [3, T], if kept
+  Buffer inner;     // inner(s, t) [N, N] when some weights are not kept
 };
 
 enum Kind : int64_t { kCR = 0, kCL = 1, kIR = 2, kIL = 3, kInner = 4 };
@@ -601,105 +749,127 @@ Group make_group(const std::vector<int64_t>& items, size_t first, const int64_t*
 // log(x) for x = 0 (-inf), NaN (NaN) or x >= 1 (a sum of exps whose largest is 1): x = 2^k m with
 // m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172, by its
 // series to f^23 (relative error below 1e-17 + rounding).
-__attribute__((always_inline)) inline Vec log_lanes(const Vec& x) {
-  const IVec bits = (IVec)x;
-  IVec k = (IVec)((UVec)x >> 52) - 1023;  // x >= 0: no sign bit (a logical shift)
-  const IVec mantissa = (bits & ((int64_t{1} << 52) - 1)) | (int64_t{1023} << 52);
-  Vec m = (Vec)mantissa;  // [1, 2)
-  const IVec high = m > splat(1.4142135623730951);
-  m = high ? m * 0.5 : m;
-  k = high ? k + 1 : k;
-  const Vec f = (m - 1.0) / (m + 1.0), f2 = f * f;
-  Vec series = splat(1.0 / 23.0);
+template <int P>
+STRUCTATTN_INLINE Pack<P> log_lanes(const Pack<P>& x) {
+  using V = Pack<P>;
+  const IPack<P> bits = bits_of(x);
+  IPack<P> k = shift_right_logical(bits, 52) - 1023;  // x >= 0: no sign bit
+  V m = doubles_of((bits & ((int64_t{1} << 52) - 1)) | (int64_t{1023} << 52));  // [1, 2)
+  const IPack<P> high = m > V::splat(1.4142135623730951);
+  m = select(high, m * 0.5, m);
+  k = select(high, k + 1, k);
+  const V f = (m - 1.0) / (m + 1.0), f2 = f * f;
+  V series = V::splat(1.0 / 23.0);
+#pragma GCC unroll 16
   for (int i = 21; i >= 1; i -= 2) series = series * f2 + 1.0 / i;
-  const IVec k_magic = k + kMagicBits;  // k as a double, |k| <= 1075: (k + magic) - magic
-  const Vec k_real = (Vec)k_magic - kMagic;
-  const Vec out = k_real * 0.6931471805599453 + 2.0 * f * series;
-  const Vec zero = splat(0.0);
-  return x > zero ? out : x == zero ? splat(kNegInf) : x;  // NaN stays NaN
+  const V k_real = doubles_of(k + kMagicBits) - kMagic;  // |k| <= 1075: (k + magic) - magic
+  const V out = k_real * 0.6931471805599453 + 2.0 * f * series;
+  const V zero = V::splat(0.0);
+  return select(x > zero, out, select(x == zero, V::splat(kNegInf), x));  // NaN stays NaN
 }
 
 // log Σ exp(x[j]) over w terms per lane, x (with max m) replaced by the softmax weights.
-__attribute__((always_inline)) inline Vec log_sum_exp(Vec* x, int64_t w, const Vec& m) {
-  const Vec ninf = splat(kNegInf);
-  const Vec zero = splat(0.0);
-  const Vec shift = m == ninf ? zero : m;
-  Vec sum = zero;
+template <int P>
+STRUCTATTN_INLINE Pack<P> log_sum_exp(Vec* x, int64_t w, const Pack<P>& m) {
+  using V = Pack<P>;
+  const V zero = V::splat(0.0);
+  const V shift = select(m == V::splat(kNegInf), zero, m);
+  V sum = zero;
   for (int64_t j = 0; j < w; ++j) {
-    x[j] = exp_lanes(x[j] - shift);
-    sum += x[j];
+    const V e = exp_lanes(V::load(x + j) - shift);
+    e.store(x + j);
+    sum += e;
   }
   // a NaN term (a NaN score, #37.10) makes the sum, every weight and the log NaN, as
   // PyTorch's logsumexp and softmax do (the max m skips NaN)
-  const Vec positive = sum > zero ? sum : splat(1.0);
-  const Vec inv = sum > zero ? 1.0 / positive : sum == zero ? zero : sum;
-  for (int64_t j = 0; j < w; ++j) x[j] *= inv;
+  const IPack<P> positive = sum > zero;
+  const V inv = select(positive, 1.0 / select(positive, sum, V::splat(1.0)),
+                       select(sum == zero, zero, sum));
+  for (int64_t j = 0; j < w; ++j) (V::load(x + j) * inv).store(x + j);
   return shift + log_lanes(sum);  // -inf if every term is
 }
 
+// the larger of a and m per lane (m where a is NaN: the running max skips NaN)
+template <int P>
+STRUCTATTN_INLINE Pack<P> max_of(const Pack<P>& a, const Pack<P>& m) {
+  return select(a > m, a, m);
+}
+
 // Inside pass of one group: chart and weights from the arcs a[h * N + m].
-STRUCTATTN_CLONES void fused_inside(Group& g, const Vec* a, int64_t size, bool multiroot,
-                                    bool keep) {
+template <int P>
+STRUCTATTN_INLINE void fused_inside_lanes(Group& g, const Vec* a, int64_t size, bool multiroot,
+                                          int64_t kept) {
+  using V = Pack<P>;
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
   g.chart = Buffer(4 * nn);  // every entry read is written first
-  if (keep) {
-    g.weights = Buffer(3 * base[size]);
-  } else {
-    g.inner = Buffer(nn);
-  }
-  Buffer scratch = keep ? Buffer() : Buffer(3 * size);  // a span's weights, if not kept
+  kept = g.kept = std::max<int64_t>(0, std::min(kept, size - 1));
+  const int64_t stride = base[kept + 1];  // the kept weights of one sum
+  if (kept > 0) g.weights = Buffer(3 * stride);
+  if (kept < size - 1) g.inner = Buffer(nn);
+  Buffer scratch = kept < size - 1 ? Buffer(3 * size) : Buffer();  // the others' weights
   Vec* ch = g.chart.get();
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
   Vec* ir = ch + kIR * nn;
   Vec* il = ch + kIL * nn;
-  const int64_t terms = keep ? base[size] : size;
   for (int64_t s = 0; s < size; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
-  const Vec ninf = splat(kNegInf);
+  const V ninf = V::splat(kNegInf);
+  const V last = V::load(&g.last);
   for (int64_t w = 1; w < g.span; ++w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w, off = base[w] + s * w;
+      const int64_t t = s + w, st = s * size + t, off = base[w] + s * w;
+      const bool keep = w <= kept;
+      const int64_t terms = keep ? stride : size;
       Vec* p = keep ? g.weights.get() + off : scratch.get();  // inner
-      Vec m = ninf;
+      V m = ninf;
       for (int64_t j = 0; j < w; ++j) {
-        p[j] = cr[s * size + s + j] + cl[(s + j + 1) * size + t];
-        m = p[j] > m ? p[j] : m;
+        const V x = V::load(cr + s * size + s + j) + V::load(cl + (s + j + 1) * size + t);
+        x.store(p + j);
+        m = max_of(x, m);
       }
-      const Vec inner = log_sum_exp(p, w, m);
-      if (!keep) g.inner[s * size + t] = inner;
-      ir[s * size + t] = inner + a[s * size + t];
-      il[s * size + t] = inner + a[t * size + s];
+      const V inner = log_sum_exp(p, w, m);
+      if (!keep) inner.store(g.inner.get() + st);
+      (inner + V::load(a + st)).store(ir + st);
+      (inner + V::load(a + t * size + s)).store(il + st);
       p += terms;  // CR
       m = ninf;
       for (int64_t j = 0; j < w; ++j) {
-        p[j] = ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t];
-        m = p[j] > m ? p[j] : m;
+        const V x = V::load(ir + s * size + s + 1 + j) + V::load(cr + (s + 1 + j) * size + t);
+        x.store(p + j);
+        m = max_of(x, m);
       }
-      Vec right = log_sum_exp(p, w, m);
+      V right = log_sum_exp(p, w, m);
       if (!multiroot && s == 0) {  // ROOT's right span closes only at the item's end
-        const IVec open = g.last != splat(static_cast<double>(t));
-        right = open ? ninf : right;
-        for (int64_t j = 0; j < w; ++j) p[j] = open ? splat(0.0) : p[j];
+        const IPack<P> open = last != V::splat(static_cast<double>(t));
+        right = select(open, ninf, right);
+        for (int64_t j = 0; j < w; ++j)
+          select(open, V::splat(0.0), V::load(p + j)).store(p + j);
       }
-      cr[s * size + t] = right;
+      right.store(cr + st);
       p += terms;  // CL
       m = ninf;
       for (int64_t j = 0; j < w; ++j) {
-        p[j] = cl[s * size + s + j] + il[(s + j) * size + t];
-        m = p[j] > m ? p[j] : m;
+        const V x = V::load(cl + s * size + s + j) + V::load(il + (s + j) * size + t);
+        x.store(p + j);
+        m = max_of(x, m);
       }
-      cl[s * size + t] = log_sum_exp(p, w, m);
+      log_sum_exp(p, w, m).store(cl + st);
     }
   }
 }
+STRUCTATTN_PER_TARGET(fused_inside,
+                      (Group & g, const Vec* a, int64_t size, bool multiroot, int64_t kept),
+                      (g, a, size, multiroot, kept))
 
 // exp(x - total): the softmax weight of a term x of a sum (0 where the sum is -inf)
-__attribute__((always_inline)) inline Vec weight_of(const Vec& x, const Vec& total) {
-  const Vec zero = splat(0.0);
-  const Vec d = x - total;  // NaN where both are -inf: replaced below
-  const Vec e = exp_lanes(d > zero ? zero : d);
-  return total == splat(kNegInf) ? zero : e;
+template <int P>
+STRUCTATTN_INLINE Pack<P> weight_of(const Pack<P>& x, const Pack<P>& total) {
+  using V = Pack<P>;
+  const V zero = V::splat(0.0);
+  const V d = x - total;  // NaN where both are -inf: replaced below
+  const V e = exp_lanes(select(d > zero, zero, d));
+  return select(total == V::splat(kNegInf), zero, e);
 }
 
 // The softmax weights of span (s, s + w)'s three sums (inner, CR, CL), w each: in the kept
@@ -710,12 +880,14 @@ struct SpanWeights {
   const Vec* cr;
   const Vec* cl;
 };
-__attribute__((always_inline)) inline SpanWeights span_weights(
-    const Group& g, int64_t size, const std::vector<int64_t>& base, int64_t w, int64_t s,
-    Vec* scratch) {
-  if (g.weights.get() != nullptr) {
+template <int P>
+STRUCTATTN_INLINE SpanWeights span_weights(const Group& g, int64_t size,
+                                           const std::vector<int64_t>& base, int64_t w,
+                                           int64_t s, Vec* scratch) {
+  using V = Pack<P>;
+  if (w <= g.kept) {
     const Vec* p = g.weights.get() + base[w] + s * w;
-    const int64_t terms = base[size];
+    const int64_t terms = base[g.kept + 1];
     return {p, p + terms, p + 2 * terms};
   }
   const int64_t nn = size * size, t = s + w, st = s * size + t;
@@ -724,18 +896,35 @@ __attribute__((always_inline)) inline SpanWeights span_weights(
   const Vec* cl = ch + kCL * nn;
   const Vec* ir = ch + kIR * nn;
   const Vec* il = ch + kIL * nn;
-  const Vec inner = g.inner[st], right = cr[st], left = cl[st];
+  const V inner = V::load(g.inner.get() + st), right = V::load(cr + st), left = V::load(cl + st);
   for (int64_t j = 0; j < w; ++j) {
-    scratch[j] = weight_of(cr[s * size + s + j] + cl[(s + j + 1) * size + t], inner);
-    scratch[w + j] = weight_of(ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t], right);
-    scratch[2 * w + j] = weight_of(cl[s * size + s + j] + il[(s + j) * size + t], left);
+    weight_of(V::load(cr + s * size + s + j) + V::load(cl + (s + j + 1) * size + t), inner)
+        .store(scratch + j);
+    weight_of(V::load(ir + s * size + s + 1 + j) + V::load(cr + (s + 1 + j) * size + t), right)
+        .store(scratch + w + j);
+    weight_of(V::load(cl + s * size + s + j) + V::load(il + (s + j) * size + t), left)
+        .store(scratch + 2 * w + j);
   }
   return {scratch, scratch + w, scratch + 2 * w};
 }
 
+// x[j] += p[j] * gp and y[j] += p[j] * gp (the two pieces of the terms of one sum)
+template <int P>
+STRUCTATTN_INLINE void add_weighted(const Vec* p, const Pack<P>& gp, Vec* x, Vec* y,
+                                    int64_t y_stride, int64_t w) {
+  using V = Pack<P>;
+  for (int64_t j = 0; j < w; ++j) {
+    const V v = V::load(p + j) * gp;
+    (V::load(x + j) + v).store(x + j);
+    (V::load(y + j * y_stride) + v).store(y + j * y_stride);
+  }
+}
+
 // Outside pass of one group: grad [4, N, N] (zeroed, seeded at CR(0, last)) becomes the
 // gradient of the seeded log Z with respect to every span.
-STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
+template <int P>
+STRUCTATTN_INLINE void fused_outside_lanes(const Group& g, Vec* grad, int64_t size) {
+  using V = Pack<P>;
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
   Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
@@ -745,30 +934,43 @@ STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
   Vec* il = grad + kIL * nn;
   for (int64_t w = g.span - 1; w > 0; --w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w;
-      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
-      const Vec* p = weights.cr;  // CR: its uses are all wider, final
-      Vec gp = cr[s * size + t];
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = p[j] * gp;
-        ir[s * size + s + 1 + j] += v;
-        cr[(s + 1 + j) * size + t] += v;
-      }
-      p = weights.cl;  // CL
-      gp = cl[s * size + t];
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = p[j] * gp;
-        cl[s * size + s + j] += v;
-        il[(s + j) * size + t] += v;
-      }
-      p = weights.inner;  // inner: IR(s, t) and IL(s, t) are final now
-      gp = ir[s * size + t] + il[s * size + t];
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = p[j] * gp;
-        cr[s * size + s + j] += v;
-        cl[(s + j + 1) * size + t] += v;
-      }
+      const int64_t t = s + w, st = s * size + t;
+      const SpanWeights weights = span_weights<P>(g, size, base, w, s, scratch.get());
+      // CR: its uses are all wider, final
+      add_weighted(weights.cr, V::load(cr + st), ir + s * size + s + 1,
+                   cr + (s + 1) * size + t, size, w);
+      add_weighted(weights.cl, V::load(cl + st), cl + s * size + s, il + s * size + t, size,
+                   w);  // CL
+      // inner: IR(s, t) and IL(s, t) are final now
+      add_weighted(weights.inner, V::load(ir + st) + V::load(il + st), cr + s * size + s,
+                   cl + (s + 1) * size + t, size, w);
     }
+  }
+}
+STRUCTATTN_PER_TARGET(fused_outside, (const Group& g, Vec* grad, int64_t size), (g, grad, size))
+
+// Σ_j p[j] (x[j] + y[j * y_stride])
+template <int P>
+STRUCTATTN_INLINE Pack<P> weighted_sum(const Vec* p, const Vec* x, const Vec* y,
+                                       int64_t y_stride, int64_t w) {
+  using V = Pack<P>;
+  V sum = V::splat(0.0);
+  for (int64_t j = 0; j < w; ++j)
+    sum += V::load(p + j) * (V::load(x + j) + V::load(y + j * y_stride));
+  return sum;
+}
+
+// v = p[j] ((x[j] + y[j] - dp) gp + dgp) added to dx[j] and dy[j] (y, dy: every y_stride)
+template <int P>
+STRUCTATTN_INLINE void add_tangents(const Vec* p, const Vec* x, const Vec* y, const Pack<P>& dp,
+                                    const Pack<P>& gp, const Pack<P>& dgp, Vec* dx, Vec* dy,
+                                    int64_t y_stride, int64_t w) {
+  using V = Pack<P>;
+  for (int64_t j = 0; j < w; ++j) {
+    const int64_t yj = j * y_stride;
+    const V v = V::load(p + j) * ((V::load(x + j) + V::load(y + yj) - dp) * gp + dgp);
+    (V::load(dx + j) + v).store(dx + j);
+    (V::load(dy + yj) + v).store(dy + yj);
   }
 }
 
@@ -777,8 +979,10 @@ STRUCTATTN_CLONES void fused_outside(const Group& g, Vec* grad, int64_t size) {
 // d the direction d[h * N + m]. With p_j the weights of the terms A_j + B_j of a sum P:
 //   dot P = Σ_j p_j (dot A_j + dot B_j),  dot g(A_j) += p_j ((dot A_j + dot B_j - dot P) g(P)
 //   + dot g(P)) (the same for B_j); the arcs' entries are dot g(IR), dot g(IL).
-STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, Vec* tan,
-                                 Vec* d_grad, int64_t size) {
+template <int P>
+STRUCTATTN_INLINE void fused_hvp_lanes(const Group& g, const Vec* grad, const Vec* d, Vec* tan,
+                                       Vec* d_grad, int64_t size) {
+  using V = Pack<P>;
   const int64_t nn = size * size;
   const std::vector<int64_t> base = term_bases(size);
   Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
@@ -789,25 +993,17 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   Vec* tin = tan + kInner * nn;
   for (int64_t w = 1; w < g.span; ++w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
-      const int64_t t = s + w;
-      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
-      const Vec* p = weights.inner;
-      Vec sum = splat(0.0);
-      for (int64_t j = 0; j < w; ++j)
-        sum += p[j] * (tcr[s * size + s + j] + tcl[(s + j + 1) * size + t]);
-      tin[s * size + t] = sum;
-      tir[s * size + t] = sum + d[s * size + t];
-      til[s * size + t] = sum + d[t * size + s];
-      p = weights.cr;
-      sum = splat(0.0);
-      for (int64_t j = 0; j < w; ++j)
-        sum += p[j] * (tir[s * size + s + 1 + j] + tcr[(s + 1 + j) * size + t]);
-      tcr[s * size + t] = sum;
-      p = weights.cl;
-      sum = splat(0.0);
-      for (int64_t j = 0; j < w; ++j)
-        sum += p[j] * (tcl[s * size + s + j] + til[(s + j) * size + t]);
-      tcl[s * size + t] = sum;
+      const int64_t t = s + w, st = s * size + t;
+      const SpanWeights weights = span_weights<P>(g, size, base, w, s, scratch.get());
+      const V inner =
+          weighted_sum<P>(weights.inner, tcr + s * size + s, tcl + (s + 1) * size + t, size, w);
+      inner.store(tin + st);
+      (inner + V::load(d + st)).store(tir + st);
+      (inner + V::load(d + t * size + s)).store(til + st);
+      weighted_sum<P>(weights.cr, tir + s * size + s + 1, tcr + (s + 1) * size + t, size, w)
+          .store(tcr + st);
+      weighted_sum<P>(weights.cl, tcl + s * size + s, til + s * size + t, size, w)
+          .store(tcl + st);
     }
   }
   const Vec* gcr = grad + kCR * nn;
@@ -821,34 +1017,24 @@ STRUCTATTN_CLONES void fused_hvp(const Group& g, const Vec* grad, const Vec* d, 
   for (int64_t w = g.span - 1; w > 0; --w) {
     for (int64_t s = 0; s + w < g.span; ++s) {
       const int64_t t = s + w, st = s * size + t;
-      const SpanWeights weights = span_weights(g, size, base, w, s, scratch.get());
-      const Vec* p = weights.cr;  // CR
-      Vec gp = gcr[st], dgp = dcr[st], dp = tcr[st];
-      for (int64_t j = 0; j < w; ++j) {
-        const int64_t x = s * size + s + 1 + j, y = (s + 1 + j) * size + t;
-        const Vec v = p[j] * ((tir[x] + tcr[y] - dp) * gp + dgp);
-        dir[x] += v;
-        dcr[y] += v;
-      }
-      p = weights.cl;  // CL
-      gp = gcl[st], dgp = dcl[st], dp = tcl[st];
-      for (int64_t j = 0; j < w; ++j) {
-        const int64_t x = s * size + s + j, y = (s + j) * size + t;
-        const Vec v = p[j] * ((tcl[x] + til[y] - dp) * gp + dgp);
-        dcl[x] += v;
-        dil[y] += v;
-      }
-      p = weights.inner;  // inner
-      gp = gir[st] + gil[st], dgp = dir[st] + dil[st], dp = tin[st];
-      for (int64_t j = 0; j < w; ++j) {
-        const int64_t x = s * size + s + j, y = (s + j + 1) * size + t;
-        const Vec v = p[j] * ((tcr[x] + tcl[y] - dp) * gp + dgp);
-        dcr[x] += v;
-        dcl[y] += v;
-      }
+      const SpanWeights weights = span_weights<P>(g, size, base, w, s, scratch.get());
+      int64_t x = s * size + s + 1, y = (s + 1) * size + t;  // CR
+      add_tangents(weights.cr, tir + x, tcr + y, V::load(tcr + st), V::load(gcr + st),
+                   V::load(dcr + st), dir + x, dcr + y, size, w);
+      x = s * size + s, y = s * size + t;  // CL
+      add_tangents(weights.cl, tcl + x, til + y, V::load(tcl + st), V::load(gcl + st),
+                   V::load(dcl + st), dcl + x, dil + y, size, w);
+      x = s * size + s, y = (s + 1) * size + t;  // inner
+      add_tangents(weights.inner, tcr + x, tcl + y, V::load(tin + st),
+                   V::load(gir + st) + V::load(gil + st), V::load(dir + st) + V::load(dil + st),
+                   dcr + x, dcl + y, size, w);
     }
   }
 }
+STRUCTATTN_PER_TARGET(fused_hvp,
+                      (const Group& g, const Vec* grad, const Vec* d, Vec* tan, Vec* d_grad,
+                       int64_t size),
+                      (g, grad, d, tan, d_grad, size))
 
 // the [N, N] matrices src[item] (contiguous, float or double) of the given items into lanes
 template <typename scalar_t>
@@ -877,11 +1063,28 @@ void from_lanes(const Vec* charts, int64_t size, int64_t span, const std::vector
   }
 }
 
+// The largest of x[j] + y[j * y_stride] over j < w per lane and its first j (ties: the
+// first, as the PyTorch code's argmax).
+template <int P>
+STRUCTATTN_INLINE void best_split(const Vec* x, const Vec* y, int64_t y_stride, int64_t w,
+                                  Pack<P>& m, Pack<P>& arg) {
+  using V = Pack<P>;
+  m = V::splat(kNegInf), arg = V::splat(0.0);
+  for (int64_t j = 0; j < w; ++j) {
+    const V v = V::load(x + j) + V::load(y + j * y_stride);
+    const IPack<P> up = v > m;
+    m = select(up, v, m);
+    arg = select(up, V::splat(static_cast<double>(j)), arg);
+  }
+}
+
 // MAP (max-plus) inside pass of one group, the same recurrences as fused_inside with max
 // for log Σ exp: chart [4, N, N] and the best split j of every sum (inner, CR, CL) [3, N, N]
 // (the first of tied splits, as the PyTorch code's argmax).
-STRUCTATTN_CLONES void fused_max(Vec* ch, Vec* best, const Vec* a, const Vec& last,
-                                 int64_t size, int64_t span, bool multiroot) {
+template <int P>
+STRUCTATTN_INLINE void fused_max_lanes(Vec* ch, Vec* best, const Vec* a, const Vec& last,
+                                       int64_t size, int64_t span, bool multiroot) {
+  using V = Pack<P>;
   const int64_t nn = size * size;
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
@@ -891,45 +1094,30 @@ STRUCTATTN_CLONES void fused_max(Vec* ch, Vec* best, const Vec* a, const Vec& la
   Vec* b_cr = best + nn;
   Vec* b_cl = best + 2 * nn;
   for (int64_t s = 0; s < span; ++s) cr[s * size + s] = cl[s * size + s] = splat(0.0);
-  const Vec ninf = splat(kNegInf);
+  const V ends = V::load(&last);
   for (int64_t w = 1; w < span; ++w) {
     for (int64_t s = 0; s + w < span; ++s) {
       const int64_t t = s + w, st = s * size + t;
-      Vec m = ninf, arg = splat(0.0);
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = cr[s * size + s + j] + cl[(s + j + 1) * size + t];
-        const IVec up = v > m;
-        m = up ? v : m;
-        arg = up ? splat(static_cast<double>(j)) : arg;
-      }
-      b_in[st] = arg;
-      ir[st] = m + a[st];
-      il[st] = m + a[t * size + s];
-      m = ninf, arg = splat(0.0);
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = ir[s * size + s + 1 + j] + cr[(s + 1 + j) * size + t];
-        const IVec up = v > m;
-        m = up ? v : m;
-        arg = up ? splat(static_cast<double>(j)) : arg;
-      }
-      if (!multiroot && s == 0) {  // ROOT's right span closes only at the item's end
-        const IVec open = last != splat(static_cast<double>(t));
-        m = open ? ninf : m;
-      }
-      cr[st] = m;
-      b_cr[st] = arg;
-      m = ninf, arg = splat(0.0);
-      for (int64_t j = 0; j < w; ++j) {
-        const Vec v = cl[s * size + s + j] + il[(s + j) * size + t];
-        const IVec up = v > m;
-        m = up ? v : m;
-        arg = up ? splat(static_cast<double>(j)) : arg;
-      }
-      cl[st] = m;
-      b_cl[st] = arg;
+      V m, arg;
+      best_split(cr + s * size + s, cl + (s + 1) * size + t, size, w, m, arg);
+      arg.store(b_in + st);
+      (m + V::load(a + st)).store(ir + st);
+      (m + V::load(a + t * size + s)).store(il + st);
+      best_split(ir + s * size + s + 1, cr + (s + 1) * size + t, size, w, m, arg);
+      if (!multiroot && s == 0)  // ROOT's right span closes only at the item's end
+        m = select(ends != V::splat(static_cast<double>(t)), V::splat(kNegInf), m);
+      m.store(cr + st);
+      arg.store(b_cr + st);
+      best_split(cl + s * size + s, il + s * size + t, size, w, m, arg);
+      m.store(cl + st);
+      arg.store(b_cl + st);
     }
   }
 }
+STRUCTATTN_PER_TARGET(fused_max,
+                      (Vec * ch, Vec* best, const Vec* a, const Vec& last, int64_t size,
+                       int64_t span, bool multiroot),
+                      (ch, best, a, last, size, span, multiroot))
 
 // The best tree of lane l from the best splits: heads[m] = h for its arcs (positions
 // 1..last), by an explicit stack of spans (kind, s, t).
@@ -1085,10 +1273,11 @@ struct EisnerOutside {
 };
 
 // The inside pass; ``fused``: by the fused path (where it is compiled in), else by the ATen
-// path; either keeps the split weights if ``keep_weights`` (else the outside pass and the
-// Hessian-vector product recompute them: memory O(B N^2) instead of O(B N^3)).
+// path; either keeps the split weights of the widths 1 .. ``kept_widths`` (the outside pass
+// and the Hessian-vector product recompute the others: memory O(B N^2) instead of
+// O(B N^3); dependency._kept_widths picks how many).
 std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tensor& last,
-                                           bool multiroot, bool keep_weights, bool fused) {
+                                           bool multiroot, int64_t kept_widths, bool fused) {
   TORCH_CHECK(arc_scores.dim() == 3 && arc_scores.size(1) == arc_scores.size(2),
               "arc_scores must be [B, N, N]");
   auto state = std::make_shared<EisnerState>();
@@ -1112,7 +1301,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
       for (size_t first = 0; first < mine.size(); first += kTrees) {
         Group g = make_group(mine, first, lp);
         const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
-        fused_inside(g, a.data(), size, multiroot, keep_weights);
+        fused_inside(g, a.data(), size, multiroot, kept_widths);
         for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
           zp[g.items[l]] = g.chart[lp[g.items[l]]][l];
         state->fused[i].push_back(std::move(g));
@@ -1140,7 +1329,7 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   }
   for_each_chunk(count, [&](int64_t i) {
     Chunk& c = state->chunks[i];
-    inside(c, c.take_square(arcs), keep_weights);
+    inside(c, c.take_square(arcs), kept_widths);
   });
   return state;
 }
@@ -1286,7 +1475,7 @@ void bind_eisner(pybind11::module& m) {
   pybind11::class_<EisnerState, std::shared_ptr<EisnerState>>(m, "EisnerState");
   pybind11::class_<EisnerOutside, std::shared_ptr<EisnerOutside>>(m, "EisnerOutside");
   m.def("eisner_inside", &eisner_inside, "inside pass: state", pybind11::arg("arc_scores"),
-        pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("keep_weights"),
+        pybind11::arg("last"), pybind11::arg("multiroot"), pybind11::arg("kept_widths"),
         pybind11::arg("fused"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("eisner_log_partition", &eisner_log_partition, "log Z [B] from the state");

@@ -219,10 +219,41 @@ def _open_root(last: Tensor, multiroot: bool, w: int) -> Tensor | None:
     return None if multiroot else last != w
 
 
-# The split weights of width w, kept from the inside pass for the outside pass and the
-# Hessian-vector product when their total size is below this many elements (the small,
-# overhead-bound problems), else recomputed (memory stays O(B N^2)).
+# The split weights of width w (3 B w (N - w) elements), kept from the inside pass for the
+# outside pass and the Hessian-vector product while their total stays within this many
+# elements, the others recomputed (one exp per term): memory O(B N^2) beyond the budget.
+# Width by width (#42): when the rule kept all widths or none, the time stepped 2.4x from one
+# size to the next where the whole stopped fitting (N = 64 -> 65 at B = 32); now one more
+# position recomputes only what no longer fits.
 _CACHE_ELEMENTS = 1 << 22
+
+
+def _kept_widths(batch: int, size: int) -> int:
+    """For the C++ kernels: how many span widths (1 .. k) keep their split weights for
+    ``batch`` trees of ``size`` positions, the most whose elements fit in _CACHE_ELEMENTS
+    (all N - 1 widths of the small problems). Their fused loops recompute at a cost per term,
+    so which widths does not matter; a prefix keeps their packed layout."""
+    total = 0
+    for w in range(1, size):
+        total += 3 * batch * w * (size - w)
+        if total > _CACHE_ELEMENTS:
+            return w - 1
+    return max(size - 1, 0)
+
+
+def _kept_mask(batch: int, size: int) -> list[bool]:
+    """For the PyTorch code: per width 1 .. N-1, whether its split weights are kept. All if
+    they fit in _CACHE_ELEMENTS; else the widths with the most terms (w (N - w): the middle
+    ones) are recomputed, as few as bring the rest within it, since recomputing costs a dozen
+    tensor operations per width and pass whatever its size."""
+    sizes = [3 * batch * w * (size - w) for w in range(1, size)]
+    keep, total = [True] * len(sizes), sum(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        if total <= _CACHE_ELEMENTS:
+            break
+        keep[i], total = False, total - sizes[i]
+    return keep
+
 
 # The C++ kernels run trees of at most this many positions in fused loops (_eisner.cpp: the
 # whole dynamic program on eight trees at once, in double precision; the split weights kept
@@ -236,16 +267,15 @@ _FUSED_SIZE = 96
 # Dispatch by measurement (#42): per SIMD target of the loaded kernels
 # (_extension.loaded_target()), the largest tree the fused loops serve, where it differs from
 # _FUSED_SIZE; larger trees take the kernels' per-width ATen path (the PyTorch code's
-# operations without its Python overhead, whose speed does not depend on the clone).
-# x86-64-v3 (AVX2): the fused loops took 1.07-4.9x the PyTorch code's time at N = 20-96
-# (1.4-4.9x from N = 40; 0.04-1.07x at N = 10), the ATen path 0.03-1.05x at every N
-# (benchmarks/clone_audit.py), so the ATen path serves every size. Baseline x86-64 (SSE2):
-# the fused loops 0.06-0.36x at N = 10-20 and 0.58-0.68x at N = 30, 0.59-1.02x at N = 40
-# and up to 1.38x from N = 56, the ATen path 0.37-0.98x from N = 20: the fused loops up to
-# 32 positions. The figures:
-# benchmarks/README.md, "Kernels per SIMD target". x86-64-v4, a target missing here, or
-# kernels too old to say: _FUSED_SIZE.
-_FUSED_SIZES = {"x86-64-v3": 0, "x86-64": 32}
+# operations without its Python overhead, whose speed does not depend on the clone much).
+# Since the fused loops compute in each target's native vectors (_eisner.cpp, Pack), they
+# are the faster path up to _FUSED_SIZE on every target: x86-64-v3 (AVX2) 0.05-0.90x the
+# PyTorch code's time at N = 20-96 where the ATen path takes 0.52-1.04x, baseline x86-64
+# (SSE2) 0.05-0.57x where the ATen path takes 0.53-1.06x (benchmarks/README.md, "Kernels per
+# SIMD target"); so no target has an entry now. Where a target's loops lose again, its
+# entry here routes the sizes above its limit to the ATen path (kernels too old to say their
+# target: _FUSED_SIZE).
+_FUSED_SIZES: dict[str, int] = {}
 
 
 def _fused(size: int) -> bool:
@@ -268,14 +298,19 @@ class _Charts(NamedTuple):
     # (empty when ``weights`` are kept)
     last: Tensor  # [B] index of the last real position
     multiroot: bool
-    weights: list[tuple[Tensor, Tensor]] | None  # per width 1..N-1, if kept
+    # per width 1..N-1 (None where recomputed: _kept_mask), or None if none is kept
+    weights: list[tuple[Tensor, Tensor] | None] | None
 
     def open_root(self, w: int) -> Tensor | None:
         return _open_root(self.last, self.multiroot, w)
 
+    def kept(self, w: int) -> bool:
+        """Whether width ``w``'s split weights are kept."""
+        return self.weights is not None and self.weights[w - 1] is not None
+
     def split_weights(self, lay: _Layout, w: int) -> tuple[Tensor, Tensor]:
-        if self.weights is not None:
-            return self.weights[w - 1]
+        if self.weights is not None and (kept := self.weights[w - 1]) is not None:
+            return kept
         n = lay.size - w
         terms = lay.terms(self.chart, w)  # [B, 3, w, n]
         terms[:, 0, w - 1] = float("-inf")  # the I(s, w) slots
@@ -288,25 +323,28 @@ def _eisner_charts(
     arc_scores: Tensor,
     last: Tensor,
     multiroot: bool,
-    keep_weights: bool = False,
+    keep: list[bool] | None = None,
     splits: list[tuple[Tensor, Tensor]] | None = None,
 ) -> _Charts:
     """Inside pass (log semiring; with ``splits``, a list, the max semiring, and the best
-    split points of widths 1 .. N-1 are appended to it: (index [B, 3, n], direct [B, 2, n]))."""
+    split points of widths 1 .. N-1 are appended to it: (index [B, 3, n], direct [B, 2, n]));
+    the split weights of the widths w with ``keep[w - 1]`` are kept (:func:`_kept_mask`)."""
     batch, size, _ = arc_scores.shape
     arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (s -> t, t -> s)
     chart = arc_scores.new_full((batch, 6, size, size), float("-inf"))
     chart[:, 1:3, 0] = 0.0  # complete spans of width 0
     chart[:, 3:5, size - 1] = 0.0
+    keep = keep if splits is None and keep is not None and any(keep) else None
     # inner[b, w, s] (needed only to recompute the split weights; not kept with them)
-    inner = arc_scores.new_full((0,) if keep_weights else (batch, size, size), float("-inf"))
-    weights: list[tuple[Tensor, Tensor]] | None = [] if keep_weights else None
+    every = keep is not None and all(keep)
+    inner = arc_scores.new_full((0,) if every else (batch, size, size), float("-inf"))
+    weights: list[tuple[Tensor, Tensor] | None] | None = None if keep is None else []
     lay = _Layout(chart)
     for w in range(1, size):
         n = size - w
         terms = lay.terms(chart, w)  # [B, 3, w, n]
         open_root = _open_root(last, multiroot, w)
-        if splits is None and weights is not None:
+        if splits is None and weights is not None and keep is not None and keep[w - 1]:
             # log-sum-exp and the weights from one exp of the terms: with the max m over the
             # split, e = exp(terms - m), sums = m + log sum e, and later P = e exp(m - C)
             top = terms.amax(2, keepdim=True).clamp_min_(torch.finfo(terms.dtype).min)
@@ -322,6 +360,8 @@ def _eisner_charts(
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
             comp = torch.logaddexp(sums[:, 0::2], inc)
             inner[:, w, :n] = sums[:, 1]
+            if weights is not None:
+                weights.append(None)  # recomputed
         else:
             sums, index = terms.max(2)
             inc = torch.add(sums[:, 1:2], arcs[w], out=lay.inc(chart, w))
@@ -397,7 +437,7 @@ def _eisner_hvp(
     tangent = torch.zeros_like(charts.chart)
     lay = _Layout(tangent)
     dirs = _arcs_by_width(direction)  # per width [B, 2, n]: (s -> t, t -> s)
-    keep = charts.weights is not None and parents is not None
+    keep = parents is not None  # the tangent sums of the widths whose weights are kept
     sums: list[tuple[Tensor, Tensor]] = []  # per width (dot terms, dot sums [B, 3, 1, n])
     for w in range(1, lay.size):
         p, r = charts.split_weights(lay, w)
@@ -406,14 +446,14 @@ def _eisner_hvp(
         d_inc = torch.add(d_sums[:, 1:2], dirs[w], out=lay.inc(tangent, w))  # [B, 2, n]
         d_comp = d_sums[:, 0::2].addcmul_(r, d_inc)  # d_sums: (dot C_R, dot inner, dot C_L)
         lay.comp(tangent, w).copy_(d_comp.unsqueeze(1))
-        if keep:
+        if keep and charts.kept(w):
             sums.append((d_terms, d_sums.unsqueeze(2)))
     d_grad = torch.zeros_like(tangent)
     for w in range(lay.size - 1, 0, -1):
         p, r = charts.split_weights(lay, w)
         dg_comp = lay.comp(d_grad, w).sum(1)  # [B, 2, n]
         d_inc = lay.inc(tangent, w)
-        if keep:
+        if keep and charts.kept(w):
             d_terms, d_parent = sums.pop()
             g_parent = parents[lay.size - 1 - w]  # type: ignore[index]
             g_comp = g_parent[:, 0::2, 0]
@@ -562,15 +602,14 @@ class _EisnerLogPartition(torch.autograd.Function):
     ) -> Tensor:
         last = last_index(lengths, arc_scores.shape[0], arc_scores.shape[1], arc_scores.device)
         batch, size, _ = arc_scores.shape
-        fits = 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
-        small = fits and wants_grad
         kernels = compiled_kernels(arc_scores)
         if kernels is not None:
-            fused = _fused(size)
-            charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, small, fused)
+            fused, kept = _fused(size), _kept_widths(batch, size) if wants_grad else 0
+            charts = kernels.eisner_inside(arc_scores.detach(), last, multiroot, kept, fused)
             logz = kernels.eisner_log_partition(charts)
         else:
-            charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=small)
+            keep = _kept_mask(batch, size) if wants_grad else None
+            charts = _eisner_charts(arc_scores.detach(), last, multiroot, keep=keep)
             logz = charts.chart[:, 1, :, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
         stash.value = charts, kernels
         return logz  # [B]
@@ -780,13 +819,13 @@ def _inside_charts(
     """(inside charts, the kernels that hold them or None) for :class:`_EisnerMarginals`."""
     batch, size, _ = arc_scores.shape
     last = last_index(lengths, batch, size, arc_scores.device)
-    keep = keep and 3 * batch * size**3 // 6 <= _CACHE_ELEMENTS
     kernels = compiled_kernels(arc_scores)
     with torch.no_grad():
         if kernels is not None:
-            fused = _fused(size)
-            return kernels.eisner_inside(arc_scores.detach(), last, multiroot, keep, fused), kernels
-        return _eisner_charts(arc_scores.detach(), last, multiroot, keep_weights=keep), None
+            fused, kept = _fused(size), _kept_widths(batch, size) if keep else 0
+            return kernels.eisner_inside(arc_scores.detach(), last, multiroot, kept, fused), kernels
+        mask = _kept_mask(batch, size) if keep else None
+        return _eisner_charts(arc_scores.detach(), last, multiroot, keep=mask), None
 
 
 @full_precision
