@@ -8,6 +8,7 @@ Structures are 0/1 indicator tensors of the potentials' shape.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from structattn import (
     structured_nll,
 )
 from structattn.distributions.base import StructuredDistribution
+from structattn.semirings import LogSemiring
 from structattn.structs.constituency import cky_inside
 from structattn.structs.semi_markov import semi_markov_inside
 from structattn.trees import split_tree
@@ -590,6 +592,10 @@ def _autograd_tree(scores: Tensor, lengths: Tensor) -> TreeCRF:
             return cky_inside(spans, lengths, semiring)
 
         @property
+        def log_partition(self) -> Tensor:  # the base class's: the semiring inside pass
+            return StructuredDistribution.log_partition.func(self)  # type: ignore[attr-defined]
+
+        @property
         def marginals(self) -> Tensor:  # the base class's: autograd of log Z
             return StructuredDistribution._marginals_tuple.func(self)[0]  # type: ignore[attr-defined]
 
@@ -634,6 +640,77 @@ def test_tree_hand_written_outside_and_hvp_match_autograd(labels: int | None) ->
     torch.testing.assert_close(hand32, auto32, atol=1e-4, rtol=1e-4)
     (hvp,) = torch.autograd.grad((hand32 * weight.float()).sum(), big)
     assert torch.isfinite(hvp).all()
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "pytorch"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_labelled_tree_label_passes_match_autograd(kernels: bool, dtype: torch.dtype) -> None:
+    """The labels summed out in the CKY's own nodes (cky_labelled_log_partition and
+    cky_labelled_marginals: the label passes in the C++ kernels on CPU, else in PyTorch)
+    equal autograd through a ``where``, a logsumexp over L and the semiring inside pass:
+    log Z, its gradient, the double backward (create_graph), the marginals and their
+    backward, and batched cotangents of log Z (is_grads_batched); -inf labels, a span whose labels
+    are all -inf, no tree, NaN padding, length 1; |scores| ~ 1e4 in float32 stays finite."""
+    from structattn.structs._extension import kernels_disabled
+    from structattn.structs.constituency import (
+        _kernel_ops,
+        _labelled_parts,
+        cky_labelled_log_partition,
+        cky_labelled_marginals,
+    )
+
+    if kernels and _kernel_ops(torch.zeros(1, 2, 2)) is None:
+        pytest.skip("C++ kernels not built (STRUCTATTN_EXTENSION=0 or no compiler)")
+    torch.manual_seed(0)
+    scores = torch.randn(5, 7, 7, 4, dtype=dtype)
+    scores[0, 1, 3, 2] = float("-inf")  # a forbidden label
+    scores[0, 2, 4] = float("-inf")  # a forbidden span (every label)
+    scores[1, 0, 0, 1] = float("-inf")
+    scores[3] = float("-inf")  # no tree
+    scores[4, 2:] = float("nan")  # padding
+    scores[:, 5, 2] = float("nan")  # below the diagonal
+    lengths = torch.tensor([7, 5, 1, 6, 2])
+    weight = torch.randn_like(scores)
+    eye = torch.eye(5, dtype=dtype)
+
+    def reference(x: Tensor) -> Tensor:
+        _, spans = _labelled_parts(x, lengths)
+        return cky_inside(spans, lengths, LogSemiring)
+
+    def run(logz_of: Callable[[Tensor], Tensor], marginals_of: Any) -> list[Tensor]:
+        x = scores.clone().requires_grad_()
+        logz = logz_of(x)
+        (rows,) = torch.autograd.grad(logz, x, eye, is_grads_batched=True, retain_graph=True)
+        (g1,) = torch.autograd.grad(logz.sum(), x, create_graph=True)
+        (g2,) = torch.autograd.grad((g1 * weight).nan_to_num().sum(), x, retain_graph=True)
+        marginals = g1 if marginals_of is None else marginals_of(x)
+        (hvp,) = torch.autograd.grad((marginals * weight).nan_to_num().sum(), x)
+        return [logz, g1, g2, rows, marginals, hvp]
+
+    with contextlib.ExitStack() as stack:
+        if not kernels:
+            stack.enter_context(kernels_disabled())
+        got = run(
+            lambda x: cky_labelled_log_partition(x, lengths),
+            lambda x: cky_labelled_marginals(x, lengths),
+        )
+    want = run(reference, None)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.detach().nan_to_num(), w.detach().nan_to_num(), **tol)
+    assert torch.isfinite(got[4]).all() and (got[4][3] == 0).all() and (got[4][0, 2, 4] == 0).all()
+    if dtype == torch.float32:  # large scores: finite, and the span totals are probabilities
+        with contextlib.ExitStack() as stack:
+            if not kernels:
+                stack.enter_context(kernels_disabled())
+            big = (torch.randn(5, 7, 7, 4) * 1e4).requires_grad_()
+            marginals = cky_labelled_marginals(big, lengths)
+            (hvp,) = torch.autograd.grad((marginals * weight).nan_to_num().sum(), big)
+            (grad,) = torch.autograd.grad(cky_labelled_log_partition(big, lengths).sum(), big)
+        assert torch.isfinite(marginals).all() and torch.isfinite(hvp).all()
+        torch.testing.assert_close(grad, marginals.detach())
+        diagonal = marginals.detach().sum(-1).diagonal(dim1=1, dim2=2)
+        torch.testing.assert_close(diagonal.sum(-1), lengths.float())
 
 
 def test_semi_markov_hand_written_marginals_and_hvp_match_autograd() -> None:

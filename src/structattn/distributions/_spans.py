@@ -29,9 +29,12 @@ def check_read_entries(name: str, x: Tensor, read: Tensor, allow_neg_inf: bool =
     """ValueError naming ``name`` if an entry of ``x`` where ``read`` (broadcast to the
     leading dimensions of ``x``) is True is NaN or +inf (or -inf, unless allowed).
 
-    One reduction and one host sync on the valid path; skipped where values cannot be read
+    One reduction and one host sync on the valid path (over all of ``x`` first, the read
+    entries only where that finds NaN or +inf: padding); skipped where values cannot be read
     on the host (``torch.func`` transforms, tracing, meta tensors: ``is_transformed``)."""
     if not x.numel() or is_transformed(x):
+        return
+    if allow_neg_inf and bool(x.amax() < float("inf")):  # no NaN or +inf at all: one pass
         return
     read = read.reshape(*read.shape, *([1] * (x.dim() - read.dim())))
     values = torch.where(read, x, torch.zeros((), dtype=x.dtype, device=x.device))

@@ -11,6 +11,8 @@ from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..structs.constituency import (
     cky_inside,
     cky_kbest,
+    cky_labelled_log_partition,
+    cky_labelled_marginals,
     cky_log_partition,
     cky_marginals,
     span_mask,
@@ -44,8 +46,10 @@ class TreeCRF(StructuredDistribution):
     Structures (``argmax``, ``sample``, ``log_prob``) are 0/1 LongTensors of the shape of
     ``span_scores`` (0 below the diagonal and at padding; ``-1`` everywhere for an item with
     no allowed tree); ``marginals`` has that shape too: p(span [i, j] (with label l) is in
-    the tree). The labels factor, so they are summed out first (one ``logsumexp`` over L per
-    span) and the labelled CKY costs O(B N^2 L) on top of the unlabelled pass.
+    the tree). The labels factor, so they are summed out first (a log-sum-exp over L per
+    span, by hand in the same autograd node as the CKY:
+    :func:`~structattn.structs.constituency.cky_labelled_log_partition`) and the labelled
+    CKY costs O(B N^2 L) on top of the unlabelled pass.
 
     CKY inside pass (:func:`~structattn.structs.constituency.cky_log_partition`): time
     O(B N^3) (N - 1 sequential span widths, one batched step each), memory O(B N^2); its
@@ -124,16 +128,23 @@ class TreeCRF(StructuredDistribution):
         return self.lengths
 
     @cached_property
+    def log_partition(self) -> Tensor:
+        """log Z, shape [B]; ``-inf`` for an item with no valid tree."""
+        with torch.set_grad_enabled(self._differentiable()):
+            if not self.labelled:
+                return self._inside(LogSemiring, self._parts(*self._raw), self.lengths)
+            # the labels summed out with the inside pass in one node (padding never read)
+            return cky_labelled_log_partition(self.span_scores, self.lengths)
+
+    @cached_property
     def _marginals_tuple(self) -> tuple[Tensor, ...]:
         # the outside pass by hand, one autograd node whose backward is the hand-written
         # Hessian-vector product (a loss on the marginals trains through it)
         with torch.set_grad_enabled(self._differentiable()):
+            if self.labelled:  # the span marginals times the labels' softmax, one node
+                return (cky_labelled_marginals(self.span_scores, self.lengths),)
             (parts,) = self._parts(self.span_scores)
-            spans = LogSemiring.sum(parts, dim=-1) if self.labelled else parts  # [B, N, N]
-            _, marginals = cky_marginals(spans, self.lengths)
-            if self.labelled:  # p(label | span): the labels of a span are a softmax
-                norm = spans.masked_fill(torch.isneginf(spans), 0.0).unsqueeze(-1)
-                marginals = marginals.unsqueeze(-1) * (parts - norm).exp()
+            _, marginals = cky_marginals(parts, self.lengths)
         return (marginals,)
 
     @property

@@ -44,6 +44,8 @@ from ._ops import (
 __all__ = [
     "cky_inside",
     "cky_kbest",
+    "cky_labelled_log_partition",
+    "cky_labelled_marginals",
     "cky_log_partition",
     "cky_marginals",
     "span_mask",
@@ -627,6 +629,237 @@ def cky_marginals(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, 
 
 # the custom operators torch.compile and torch.export trace (._library)
 cky_ops(cky_log_partition, cky_marginals)
+
+
+# ---- labelled spans [B, N, N, L]: the labels summed out in the same node -------------------
+# A labelled tree gives each of its spans one label, and the labels factor: the CKY reads the
+# log-sum-exp of each span's labels, and p(span [i, j] with label l) is the span's marginal
+# times the softmax of its labels. Composed of autograd nodes that is a `where` over
+# [B, N, N, L] (NaN padding must not reach the gradients), a logsumexp over L and their
+# backward passes; the Functions below do the label passes by hand (in the C++ kernels on
+# CPU: one pass over the items' spans, in double, never reading the padding) with the CKY's.
+
+
+def _read_labels(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
+    """BoolTensor [B, N, N, 1]: the entries of ``span_scores`` [B, N, N, L] that are read."""
+    batch, size = span_scores.shape[:2]
+    return span_mask(lengths, batch, size, span_scores.device).unsqueeze(-1)
+
+
+def _labelled_parts(span_scores: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(``span_scores`` with 0 where never read, the label log-sum-exp [B, N, N]), by
+    differentiable operations (the reference composition, and what transforms trace)."""
+    parts = torch.where(_read_labels(span_scores, lengths), span_scores, 0.0)
+    return parts, LogSemiring.sum(parts, dim=-1)
+
+
+def _label_probs(parts: Tensor, spans: Tensor) -> Tensor:
+    """p(label | span) [B, N, N, L] from :func:`_labelled_parts` (differentiable; 0 for a
+    -inf label, and for every label of a span whose labels are all -inf)."""
+    return (parts - spans.masked_fill(torch.isneginf(spans), 0.0).unsqueeze(-1)).exp()
+
+
+def _composed_marginals(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
+    """The labelled marginals [B, N, N, L] by differentiable nodes: the span marginals
+    (:func:`cky_marginals`, whose backward is the hand-written Hessian-vector product)
+    times the labels' softmax."""
+    parts, spans = _labelled_parts(span_scores, lengths)
+    _, marginals = cky_marginals(spans, lengths)
+    return marginals.unsqueeze(-1) * _label_probs(parts, spans)
+
+
+class _LabelCharts(NamedTuple):
+    """The inside pass of a labelled CKY, without autograd: ``spans`` [B, N, N] the label
+    log-sum-exp of each span (float64 from the C++ kernels, else the scores' dtype; 0 where
+    never read by the kernels), the CKY charts over them, the kernels' operators (None: the
+    PyTorch code) and, once computed, the span marginals."""
+
+    spans: Tensor
+    charts: _Charts
+    ops: Any
+    marginals: Tensor | None = None
+
+
+def _label_charts(span_scores: Tensor, lengths: Tensor | None) -> _LabelCharts:
+    """The label log-sum-exp and the inside pass of ``span_scores`` [B, N, N, L] (detached):
+    one C++ pass over the items' spans on CPU, else a ``where`` and a ``logsumexp``."""
+    batch, size = span_scores.shape[:2]
+    ops = _kernel_ops(span_scores)
+    if ops is not None:
+        last = last_index(lengths, batch, size, span_scores.device)
+        spans = ops.label_logsumexp(span_scores, last)
+    else:
+        read = _read_labels(span_scores, lengths)
+        spans = torch.logsumexp(torch.where(read, span_scores, 0.0), -1)
+    return _LabelCharts(spans, _cky_charts(spans, lengths), ops)
+
+
+def _label_probs_masked(span_scores: Tensor, c: _LabelCharts, lengths: Tensor | None) -> Tensor:
+    """p(label | span) [B, N, N, L] (0 where never read), the PyTorch code."""
+    norm = c.spans.masked_fill(torch.isneginf(c.spans), 0.0).unsqueeze(-1)
+    read = _read_labels(span_scores, lengths)
+    return torch.where(read, span_scores - norm, float("-inf")).exp_()
+
+
+def _span_marginals(c: _LabelCharts) -> Tensor:
+    """The span marginals [B, N, N] (float64 from the kernels), 0 outside the items' spans
+    (the outside pass starts at each item's whole sentence)."""
+    return _cky_outside(c.charts) if c.marginals is None else c.marginals
+
+
+def _expand_labels(
+    span_scores: Tensor, c: _LabelCharts, lengths: Tensor | None, scale: Tensor
+) -> Tensor:
+    """``scale[b]`` times the labelled marginals [B, N, N, L], in the dtype of the scores."""
+    marginals = _span_marginals(c)
+    if c.ops is not None:
+        last = c.charts.last
+        return c.ops.label_marginals(span_scores, c.spans, marginals, scale, last)
+    probs = _label_probs_masked(span_scores, c, lengths)
+    weight = marginals.to(span_scores.dtype) * scale.view(-1, 1, 1)
+    return probs.mul_(weight.unsqueeze(-1))
+
+
+def _batched(grad: Tensor) -> bool:
+    """Whether a cotangent is a ``torch.func`` wrapper or batched by
+    ``torch.autograd.grad(..., is_grads_batched=True)`` (legacy vmap)."""
+    return is_transformed(grad) or bool(torch._C._functorch.is_legacy_batchedtensor(grad))
+
+
+def _fused(span_scores: Tensor, lengths: Tensor | None) -> bool:
+    """Whether the hand-written label passes apply: plain tensors, no ``torch.func``
+    transform, tracing or forward-mode tangent (those take the composed nodes, which
+    every transform differentiates)."""
+    if tracing() or torch._C._are_functorch_transforms_active():
+        return False
+    if is_transformed(span_scores) or is_transformed(lengths):
+        return False
+    return torch.autograd.forward_ad.unpack_dual(span_scores).tangent is None
+
+
+class _CKYLabelledLogPartition(torch.autograd.Function):
+    """log Z of labelled span scores [B, N, N, L]: forward the label log-sum-exp and the
+    inside pass (no autograd graph), backward the outside pass and the labels' softmax
+    scaled by the incoming gradient, by hand (one C++ pass over the spans on CPU). A
+    backward that is itself differentiated (``create_graph``) takes the composed labelled
+    marginals (:func:`_composed_marginals`); batched cotangents (``torch.func``,
+    ``is_grads_batched``) multiply them after the pass. Used only where :func:`_fused`
+    allows (no vmap rule or jvp needed)."""
+
+    @staticmethod
+    def forward(span_scores: Tensor, lengths: Tensor | None, stash: Stash) -> Tensor:
+        stash.value = _label_charts(span_scores.detach(), lengths)
+        return stash.value.charts.logz.to(span_scores.dtype)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        span_scores, lengths, stash = inputs
+        ctx.charts = stash.value
+        ctx.lengths = lengths
+        ctx.save_for_backward(span_scores)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        (span_scores,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiated again: differentiable nodes
+            marginals = _composed_marginals(span_scores, ctx.lengths)
+            return marginals * grad.view(-1, 1, 1, 1), None, None
+        if _batched(grad):  # batched cotangents: the marginals, then scaled
+            unit = torch.ones_like(ctx.charts.charts.logz, dtype=span_scores.dtype)
+            marginals = _expand_labels(span_scores, ctx.charts, ctx.lengths, unit)
+            return marginals * grad.view(-1, 1, 1, 1), None, None
+        return _expand_labels(span_scores, ctx.charts, ctx.lengths, grad), None, None
+
+
+class _CKYLabelledMarginals(torch.autograd.Function):
+    """The labelled marginals [B, N, N, L]: forward the label log-sum-exp, the inside and
+    outside passes and the labels' softmax times the span marginals; backward, along G,
+
+        p_l (mu (G_l - ḡ) + (H ḡ)),   ḡ = Σ_l p_l G_l,
+
+    with p_l the labels' softmax, mu the span marginals and H the span-level Hessian of
+    log Z (its hand-written product, :func:`_cky_hvp`): by hand, in the C++ kernels on
+    CPU. A backward that is itself differentiated, or a ``torch.func`` G, computes the same
+    formula from differentiable nodes (the span marginals' Function and :class:`_CKYHvp`,
+    whose vmap rule folds). Used only where :func:`_fused` allows."""
+
+    @staticmethod
+    def forward(span_scores: Tensor, lengths: Tensor | None, stash: Stash) -> Tensor:
+        c = _label_charts(span_scores.detach(), lengths)
+        c = c._replace(marginals=_span_marginals(c))  # kept for the backward
+        stash.value = c
+        unit = torch.ones_like(c.charts.logz, dtype=span_scores.dtype)
+        return _expand_labels(span_scores.detach(), c, lengths, unit)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        span_scores, lengths, stash = inputs
+        ctx.charts = stash.value
+        ctx.lengths = lengths
+        ctx.save_for_backward(span_scores)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        (span_scores,) = ctx.saved_tensors
+        lengths = ctx.lengths
+        if torch.is_grad_enabled() or is_transformed(grad):
+            read = _read_labels(span_scores, lengths)
+            parts, spans = _labelled_parts(span_scores, lengths)
+            probs = _label_probs(parts, spans)
+            _, marginals = cky_marginals(spans, lengths)
+            grad = torch.where(read, grad, 0.0)
+            mean = (probs * grad).sum(-1)
+            hvp = _CKYHvp.apply(spans, mean, lengths, None)
+            out = probs * (marginals.unsqueeze(-1) * (grad - mean.unsqueeze(-1)))
+            return out + probs * hvp.unsqueeze(-1), None, None
+        c: _LabelCharts = ctx.charts
+        if c.ops is not None:
+            last = c.charts.last
+            mean = c.ops.label_contract(span_scores, c.spans, grad, last)
+            hvp = _cky_hvp(c.charts, mean)
+            unit = torch.ones_like(c.charts.logz)
+            marginals = _span_marginals(c)
+            return (
+                c.ops.label_backward(span_scores, c.spans, grad, mean, marginals, hvp, unit, last),
+                None,
+                None,
+            )
+        probs = _label_probs_masked(span_scores, c, lengths)
+        grad = torch.where(_read_labels(span_scores, lengths), grad, 0.0)
+        mean = (probs * grad).sum(-1)
+        hvp = _cky_hvp(c.charts, mean)
+        marginals = _span_marginals(c)
+        out = grad.sub_(mean.unsqueeze(-1)).mul_(marginals.unsqueeze(-1))
+        return out.add_(hvp.unsqueeze(-1)).mul_(probs), None, None
+
+
+@full_precision
+def cky_labelled_log_partition(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
+    """log Z over labelled binary bracketings, [B]: ``span_scores`` [B, N, N, L] (entries
+    below the diagonal and past the length never read, NaN there harmless). The labels are
+    summed out by hand with the inside pass (:class:`_CKYLabelledLogPartition`: in the C++
+    kernels on CPU one pass over the items' spans); under ``torch.func`` transforms,
+    forward-mode AD and tracing the same value by composed nodes (a ``where``, a logsumexp
+    over L and :func:`cky_log_partition`), differentiable to any order."""
+    refuse_jit_trace("A constituency-tree CRF")
+    if _fused(span_scores, lengths):
+        return _CKYLabelledLogPartition.apply(span_scores, lengths, Stash())
+    _, spans = _labelled_parts(span_scores, lengths)
+    return cky_log_partition(spans, lengths)
+
+
+@full_precision
+def cky_labelled_marginals(span_scores: Tensor, lengths: Tensor | None) -> Tensor:
+    """p(span [i, j] with label l is in the tree) [B, N, N, L] (0 below the diagonal and
+    past the length), ``span_scores`` as for :func:`cky_labelled_log_partition`; one node
+    whose backward (the Hessian-vector product path) does the label passes by hand
+    (:class:`_CKYLabelledMarginals`), else (transforms, forward mode, tracing) the span
+    marginals of :func:`cky_marginals` times the labels' softmax."""
+    refuse_jit_trace("A constituency-tree CRF")
+    if _fused(span_scores, lengths):
+        marginals: Tensor = _CKYLabelledMarginals.apply(span_scores, lengths, Stash())
+        return marginals
+    return _composed_marginals(span_scores, lengths)
 
 
 def _topk(x: Tensor, k: int) -> Tensor:
