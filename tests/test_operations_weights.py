@@ -8,6 +8,7 @@ the second-order trees of ``test_trees_ops.py``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -33,6 +34,7 @@ from structattn.attention import (
     SpanAttention,
     SpanSelfAttention,
 )
+from structattn.attention._weights import structured_weights
 from structattn.attention.normalizers import (
     segmentation_weights,
     self_attention_tree_weights,
@@ -80,11 +82,45 @@ SECOND_ORDER = Op(
     5,
     2,
 )
+
+
+# ---- labelled dependency trees ([B, N, N, L] arc scores) as Ops (SparseMAP's parts) --------
+LABELS = 2
+
+
+def _labelled_op(cls: type[TreeCRFBase], multiroot: bool) -> Op:
+    projective = cls is DependencyCRF
+
+    def draw(b: int, n: int, dtype: torch.dtype, scale: float) -> Params:
+        return (torch.randn(b, n, n, LABELS, dtype=dtype) * scale,)
+
+    def support(item: Params, length: int) -> suite.Support:
+        (scores,) = item  # [N, N, L]
+        out = []
+        for heads in trees(length - 1, projective, multiroot):
+            for labels in itertools.product(range(LABELS), repeat=len(heads)):
+                ind = torch.zeros_like(scores)
+                arcs = list(zip(range(1, length), heads, labels, strict=True))
+                for m, h, lab in arcs:
+                    ind[h, m, lab] = 1
+                out.append(((ind,), sum(scores[h, m, lab] for m, h, lab in arcs)))
+        return out
+
+    name = f"labelled-{'' if projective else 'non-'}projective-{'multi' if multiroot else 'single'}"
+    return Op(name, draw, lambda p, lengths: cls(p[0], lengths, multiroot), support, 4, 2)
+
+
+LABELLED = [
+    _labelled_op(cls, multiroot)
+    for cls in (DependencyCRF, NonProjectiveDependencyCRF)
+    for multiroot in (True, False)
+]
 OPS = [*suite.OPS, SECOND_ORDER]
 TEMPERED = [op for op in OPS if op.name != "split-tree"]  # no tempered form
+SPARSEMAP_OPS = [*OPS, *LABELLED]  # SparseMAP: the labelled trees' labelled arcs too
 
 
-@pytest.fixture(params=OPS, ids=[op.name for op in OPS])
+@pytest.fixture(params=SPARSEMAP_OPS, ids=[op.name for op in SPARSEMAP_OPS])
 def op(request: pytest.FixtureRequest) -> Op:
     return request.param
 
@@ -338,8 +374,6 @@ def test_sparsemap_bounded_iterations_and_errors() -> None:
             sparsemap(dist, max_iter=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`tol`"):
         sparsemap(dist, tol=-1.0)
-    with pytest.raises(NotImplementedError, match="unlabelled"):
-        DependencyCRF(torch.randn(1, 4, 4, 2)).sparsemap()
 
 
 # ---- #41.7: the layers' weights="marginals" | "sparse" | "hard-st" ------------------------------
@@ -398,6 +432,54 @@ def test_hard_st_weights_are_the_argmax_structures() -> None:
     spans = torch.randn(2, 5, 5, dtype=torch.float64)
     hard = span_marginals(spans, torch.tensor([5, 3]), "constituency", weights="hard-st")
     assert torch.equal(hard, TreeCRF(spans, torch.tensor([5, 3])).argmax.to(hard.dtype))
+
+
+LABELLED_DISTRIBUTIONS = {
+    "labelled-projective": lambda s, lengths: DependencyCRF(s, lengths),
+    "labelled-non-projective": lambda s, lengths: NonProjectiveDependencyCRF(s, lengths, False),
+    "labelled-constituency": lambda s, lengths: TreeCRF(s[:, 1:, 1:], lengths - 1),
+}
+
+
+@pytest.mark.parametrize("name", list(LABELLED_DISTRIBUTIONS))
+def test_weights_options_on_labelled_structures(name: str) -> None:
+    """weights="hard-st" and "sparse" on labelled trees: the labelled MAP structure's 0/1
+    indicators forward and the labelled marginals' gradient backward; SparseMAP's labelled
+    marginals a convex combination of labelled MAP structures; the marginals' shape."""
+    scores = torch.randn(2, 6, 6, 3, dtype=torch.float64, generator=_gen(4)).requires_grad_()
+    lengths = torch.tensor([6, 4])
+    dist = LABELLED_DISTRIBUTIONS[name](scores, lengths)
+    soft = structured_weights(dist, "marginals")
+    hard = structured_weights(dist, "hard-st")
+    sparse = structured_weights(dist, "sparse")
+    assert soft.shape == hard.shape == sparse.shape == dist.marginals.shape  # type: ignore[attr-defined]
+    assert torch.equal(hard, dist._indicators(dist.argmax).to(hard.dtype))
+    assert ((hard == 0) | (hard == 1)).all() and not torch.equal(hard, soft)
+    # one label per arc (span) of the MAP structure, the same count as the marginals
+    torch.testing.assert_close(hard.flatten(1).sum(-1), soft.flatten(1).sum(-1))
+    torch.testing.assert_close(sparse.flatten(1).sum(-1), soft.flatten(1).sum(-1))
+    assert (sparse == 0).sum() > (soft == 0).sum()
+    probe = torch.randn(soft.shape, dtype=soft.dtype, generator=_gen(2))
+    (want,) = torch.autograd.grad((soft * probe).sum(), scores, retain_graph=True)
+    (got,) = torch.autograd.grad((hard * probe).sum(), scores, retain_graph=True)
+    torch.testing.assert_close(got, want)
+    (grad,) = torch.autograd.grad((sparse * probe).sum(), scores)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cls", [DependencyCRF, NonProjectiveDependencyCRF])
+def test_rsample_of_labelled_trees_perturbs_the_labels(cls: type[TreeCRFBase]) -> None:
+    """Perturb-and-MAP on labelled trees: labelled 0/1 indicators, one label per word, and
+    the noise reaches the labels (with tied label scores both labels are drawn)."""
+    scores = torch.zeros(1, 4, 4, 2, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(0)
+    draws = cls(scores).rsample(40)
+    assert draws.shape == (40, 1, 4, 4, 2)
+    torch.testing.assert_close(draws.sum((2, 3, 4)), torch.full((40, 1), 3.0, dtype=draws.dtype))
+    per_label = draws.detach().sum((0, 1, 2, 3))
+    assert (per_label > 0).all()
+    (grad,) = torch.autograd.grad(draws.sum(), scores)
+    assert torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONS))

@@ -2,8 +2,8 @@ r"""SparseMAP (Niculae, Martins, Blondel & Cardie 2018): sparse structured margi
 active-set algorithm, with the MAP pass of a distribution as its only oracle.
 
 For the part scores :math:`\theta` of a distribution (every part tensor of its inside pass,
-flattened: labels and transitions of a chain, arcs, spans, segments and transitions, arcs
-and sibling pairs)
+flattened: labels and transitions of a chain, arcs (labelled trees: labelled arcs
+[B, N, N, L]), spans (labelled or not), segments and transitions, arcs and sibling pairs)
 
 .. math:: \mathrm{SparseMAP}(\theta) = \arg\max_{\mu \in \mathcal{M}}
           \theta^\top \mu - \tfrac12 \|\mu\|^2
@@ -19,6 +19,9 @@ of ``marginals`` (transitions, sibling pairs), the paper's variant puts the quad
 its restricted QP is singular whenever the active structures are affinely dependent in that
 part alone (a chain's label indicators often are), which the plain active-set step below
 does not handle. For trees and constituency trees (one part tensor) the two coincide.
+Labelled dependency trees project their labelled arcs (``marginals``' [B, N, N, L]); their
+oracle is the MAP tree under each arc's best label score, with that label (the labels
+factor given the tree).
 
 **Active set** (Nocedal & Wright 16.3; the paper's Algorithm 1). The problem restricted to a
 working set A of structures is an equality-constrained QP in the weights,
@@ -215,14 +218,9 @@ def sparsemap(
         zero marginals and weights.
     """
     _check(max_iter, tol)
-    if getattr(dist, "label_scores", None) is not None:
-        raise NotImplementedError(
-            "sparsemap() covers unlabelled dependency trees only (the marginal polytope of "
-            "labelled arcs has no MAP oracle here); sum the labels out or use the arc scores"
-        )
     grad_on = dist._differentiable()
     with torch.set_grad_enabled(grad_on):
-        parts = dist._parts(*dist._raw)
+        parts = dist._sparsemap_parts()
     batch = parts[0].shape[0]
     shapes = [p.shape for p in parts]
     sizes = [p[0].numel() for p in parts]
@@ -237,7 +235,7 @@ def sparsemap(
         def oracle(flat: Tensor) -> Tensor:  # scores [B, P] -> MAP indicators [B, P], float64
             chunks = flat.to(raw.dtype).split(sizes, -1)
             given = tuple(c.reshape(s) for c, s in zip(chunks, shapes, strict=True))
-            found = dist._part_argmax(given)
+            found = dist._sparsemap_argmax(given)
             return torch.cat([f.reshape(batch, -1) for f in found], -1).to(torch.float64)
 
         state = _Restricted(oracle(raw), quadratic, scores)
