@@ -15,6 +15,7 @@ import pytest
 import test_operations as suite
 import test_trees_ops as tree_ops
 import torch
+import torch.autograd.forward_ad as fwAD
 from oracles import trees
 from torch import Tensor
 
@@ -312,6 +313,55 @@ def test_sparsemap_gradient_by_finite_differences(op: Op) -> None:
         return op.build(p, lengths).sparsemap(tol=1e-13).parts
 
     assert torch.autograd.gradcheck(project, params, eps=1e-6, atol=1e-6)
+
+
+FORWARD_MODE = [op for op in SPARSEMAP_OPS if op.name != "split-tree"]  # no gradient there
+
+
+@pytest.mark.parametrize("op", FORWARD_MODE, ids=[op.name for op in FORWARD_MODE])
+def test_sparsemap_forward_mode_and_second_derivative(op: Op) -> None:
+    """The jvp of SparseMAP (torch.func.jvp, torch.autograd.forward_ad, jacfwd) is the
+    closed-form Jacobian: equal to central finite differences, to jacrev and (J symmetric in
+    the part scores) to the vjp; the second derivative (double backward, gradgradcheck) is 0
+    in the scores and J in the incoming gradient."""
+    torch.manual_seed(5)
+    params = tuple(p.detach() for p in op.draw(2, op.n - 1, torch.float64, 1.0))
+    lengths = torch.tensor([op.n - 1, max(op.min_len, op.n - 2)])
+    tangents = tuple(torch.randn_like(p) for p in params)
+
+    def project(*p: Tensor) -> Tensor:
+        return torch.cat([x.flatten(1) for x in op.build(p, lengths).sparsemap(tol=1e-13).parts], 1)
+
+    eps = 1e-6
+    plus = project(*(p + eps * t for p, t in zip(params, tangents, strict=True)))
+    minus = project(*(p - eps * t for p, t in zip(params, tangents, strict=True)))
+    finite = (plus - minus) / (2 * eps)
+    _, by_func = torch.func.jvp(project, params, tangents)
+    torch.testing.assert_close(by_func, finite, atol=1e-6, rtol=0)
+    with fwAD.dual_level():
+        dual = project(*(fwAD.make_dual(p, t) for p, t in zip(params, tangents, strict=True)))
+        by_dual = fwAD.unpack_dual(dual).tangent
+    assert by_dual is not None
+    torch.testing.assert_close(by_dual, by_func)
+    forward = torch.func.jacfwd(project, argnums=0)(*params)
+    torch.testing.assert_close(forward, torch.func.jacrev(project, argnums=0)(*params))
+    leaves = tuple(p.clone().requires_grad_() for p in params)
+    assert torch.autograd.gradgradcheck(project, leaves, eps=1e-6, atol=1e-6)
+    # the second derivative in the scores is 0 (piecewise linear), in the seed J
+    out = project(*leaves)
+    seed = torch.randn_like(out, requires_grad=True)
+    grads = torch.autograd.grad(out, leaves, seed, create_graph=True)
+    probe = [torch.randn_like(g) for g in grads]
+    total = sum((g * q).sum() for g, q in zip(grads, probe, strict=True))
+    second = torch.autograd.grad(total, [*leaves, seed], allow_unused=True)
+    assert all(g is None or (g == 0).all() for g in second[:-1])
+    assert second[-1] is not None and second[-1].abs().sum() > 0
+
+
+def test_sparsemap_under_vmap_is_refused() -> None:
+    scores = torch.randn(3, 2, 5, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="vmap"):
+        torch.func.vmap(lambda s: DependencyCRF(s).sparsemap().marginals)(scores)
 
 
 def test_sparsemap_is_sparse_and_sums_as_marginals(op: Op) -> None:

@@ -542,19 +542,23 @@ class StructuredDistribution:
         shapes of :meth:`_parts`; labelled trees: their labelled arcs)."""
         return self._parts(*self._raw)
 
-    def _sparsemap_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _sparsemap_argmax(
+        self, parts: tuple[Tensor, ...], lengths: Tensor | None
+    ) -> tuple[Tensor, ...]:
         """0/1 indicators of the MAP structures under the part scores ``parts`` (the shapes
-        of :meth:`_sparsemap_parts`), detached: the oracle of :meth:`sparsemap`."""
-        return self._part_argmax(parts)
+        of :meth:`_sparsemap_parts`, for any batch of items whose ``lengths`` are given),
+        detached: the oracle of :meth:`sparsemap`."""
+        return self._part_argmax(parts, lengths)
 
-    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
         """0/1 indicators of the MAP structure of each item under the part scores ``parts``
-        (the shapes of :meth:`_parts`; 0 everywhere for an item with none), detached: the
-        gradient of the max-plus inside pass (ties: as ``_map``). Subclasses with their own
-        MAP algorithm override it. The oracle of :meth:`sparsemap`."""
+        (the shapes of :meth:`_parts`, any batch size, items of ``lengths``; 0 everywhere
+        for an item with none), detached: the gradient of the max-plus inside pass (ties:
+        as ``_map``). Subclasses with their own MAP algorithm override it. The oracle of
+        :meth:`sparsemap`."""
         with torch.inference_mode(False), torch.enable_grad():
             leaves = tuple(_fresh_leaf(p) for p in parts)
-            value = self._inside(MaxSemiring, leaves, self.lengths)
+            value = self._inside(MaxSemiring, leaves, lengths)
             grads = torch.autograd.grad(value.sum(), leaves, materialize_grads=True)
         none = torch.isneginf(value.detach())  # [B]: no structure (no meaningful gradient)
         return tuple(

@@ -330,13 +330,15 @@ class TreeCRFBase(StructuredDistribution):
             return super()._sparsemap_parts()
         return (self._label_parts(),)
 
-    def _sparsemap_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _sparsemap_argmax(
+        self, parts: tuple[Tensor, ...], lengths: Tensor | None
+    ) -> tuple[Tensor, ...]:
         # labelled trees: the labels factor given the tree, so the MAP labelled tree is the
         # MAP tree under each arc's best label score, with that label (ties: the first)
         if self.label_scores is None:
-            return super()._sparsemap_argmax(parts)
+            return super()._sparsemap_argmax(parts, lengths)
         best, label = parts[0].max(-1)  # [B, N, N] each
-        (arcs,) = self._part_argmax((best,))
+        (arcs,) = self._part_argmax((best,), lengths)
         onehot = torch.nn.functional.one_hot(label, self.num_labels).to(arcs.dtype)
         return (arcs.unsqueeze(-1) * onehot,)
 
@@ -475,12 +477,12 @@ class DependencyCRF(TreeCRFBase):
         (arcs,) = self._parts(self.arc_scores.detach())
         return eisner_kbest(arcs, self.lengths, self.multiroot, k)
 
-    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
         # the C++ MAP kernel where it applies (no autograd round trip), else the max-plus
         # pass's gradient: the same tree
-        best = eisner_argmax(parts[0], self.lengths, self.multiroot)
+        best = eisner_argmax(parts[0], lengths, self.multiroot)
         if best is None:
-            return super()._part_argmax(parts)
+            return super()._part_argmax(parts, lengths)
         score, heads = best
         return (self._indicators(self._invalidate(heads, score)).to(parts[0].dtype),)
 
