@@ -103,40 +103,35 @@ class SparseMAPResult(NamedTuple):
     iterations: int
 
 
-def _kkt_solve(gram: Tensor, rhs: Tensor, active: Tensor, total: float) -> Tensor:
-    """Solve ``[G, 1; 1^T, 0] [x; tau] = [rhs; total]`` on the ``active`` slots of each item
-    (x = 0 elsewhere), float64: by LU, and by a pseudo-inverse (robust to affinely
-    dependent structures) for the items whose LU fails or leaves a residual.
+class _Bordered:
+    """The KKT systems ``[G, 1; 1^T, 0] [x; tau] = [b; 1]`` of one batch of restricted QPs,
+    solved for any working set (``solve``) without rebuilding the bordered matrix."""
 
-    gram [B, S, S], rhs [B, S], active BoolTensor [B, S] -> x [B, S]. Differentiable in
-    ``rhs`` (linear in it; the backward of SparseMAP differentiates it)."""
-    batch, size = rhs.shape
-    kkt, full = _kkt_system(gram, rhs, active, total)
-    solution, info = torch.linalg.solve_ex(kkt, full.unsqueeze(-1))
-    residual = (kkt @ solution - full.unsqueeze(-1)).abs().amax((-1, -2))
-    scale = 1.0 + full.abs().amax(-1) + kkt.abs().amax((-1, -2)) * solution.abs().amax((-1, -2))
-    bad = (info != 0) | ~(residual <= 1e-9 * scale)  # NaN fails too
-    if bool(bad.any()):  # singular (affinely dependent structures): the least-norm solution
-        index = bad.nonzero().squeeze(-1)
-        pinv = torch.linalg.pinv(kkt.index_select(0, index), hermitian=True)
-        fixed = pinv @ full.index_select(0, index).unsqueeze(-1)
-        solution = solution.index_copy(0, index, fixed)
-    return solution.squeeze(-1)[:, :size] * active.to(rhs.dtype)
+    def __init__(self, gram: Tensor, linear: Tensor) -> None:
+        batch, size = linear.shape
+        ones = linear.new_ones(batch, size, 1)
+        top = torch.cat([gram, ones], -1)
+        bottom = torch.cat([ones.transpose(1, 2), linear.new_zeros(batch, 1, 1)], -1)
+        self.matrix = torch.cat([top, bottom], 1)  # [B, S + 1, S + 1]
+        self.rhs = torch.cat([linear, linear.new_ones(batch, 1)], -1)  # [B, S + 1]
+        self.eye = torch.eye(size + 1, dtype=gram.dtype, device=gram.device)
+        self.scale = 1.0 + gram.abs().amax((-1, -2)) + linear.abs().amax(-1)  # [B]
 
-
-def _kkt_system(gram: Tensor, rhs: Tensor, active: Tensor, total: float) -> tuple[Tensor, Tensor]:
-    """The KKT matrix [B, S + 1, S + 1] (identity on the inactive slots) and right-hand side
-    [B, S + 1] of :func:`_kkt_solve`."""
-    batch, size = rhs.shape
-    both = active.unsqueeze(-1) & active.unsqueeze(-2)  # [B, S, S]
-    eye = torch.eye(size, dtype=gram.dtype, device=gram.device)
-    ones = active.to(gram.dtype)
-    restricted = torch.where(both, gram, eye * (~active).unsqueeze(-1))
-    top = torch.cat([restricted, ones.unsqueeze(-1)], -1)
-    bottom = torch.cat([ones, ones.new_zeros(batch, 1)], -1).unsqueeze(1)
-    kkt = torch.cat([top, bottom], 1)
-    full = torch.cat([rhs * ones, rhs.new_full((batch, 1), total)], -1)
-    return kkt, full
+    def solve(self, working: Tensor) -> Tensor:
+        """x [B, S] on the ``working`` slots (0 elsewhere): by LU, and by a pseudo-inverse
+        for the items whose LU fails or leaves a residual (affinely dependent structures)."""
+        keep = torch.nn.functional.pad(working, (0, 1), value=True)  # [B, S + 1]
+        kkt = torch.where(keep.unsqueeze(-1) & keep.unsqueeze(-2), self.matrix, self.eye)
+        rhs = (self.rhs * keep).unsqueeze(-1)
+        solution, info = torch.linalg.solve_ex(kkt, rhs)
+        residual = (kkt @ solution - rhs).abs().amax((-1, -2))
+        size = solution.abs().amax((-1, -2))
+        bad = (info != 0) | ~(residual <= 1e-9 * self.scale * (1.0 + size))  # NaN fails too
+        if bool(bad.any()):  # singular (affinely dependent structures): least-norm solution
+            index = bad.nonzero().squeeze(-1)
+            pinv = torch.linalg.pinv(kkt.index_select(0, index), hermitian=True)
+            solution = solution.index_copy(0, index, pinv @ rhs.index_select(0, index))
+        return solution[:, :-1, 0] * working
 
 
 class _Restricted:
@@ -173,10 +168,11 @@ class _Restricted:
         # 0/1 vectors a, b are equal iff |a| = |b| = <a, b>
         copy_old = (cross == size_old.unsqueeze(-1)) & (cross == size_new.unsqueeze(1))
         copy_old = (copy_old & self.working.unsqueeze(-1)).any(1)  # [B, K]
-        same_new = (own == size_new.unsqueeze(-1)) & (own == size_new.unsqueeze(1))
-        copy_new = (same_new.tril(-1)).any(-1)  # equal to an earlier candidate
         repeated = copy_old[:, 0] & grow[:, 0]  # the first one is a working structure
-        grow = grow & ~copy_old & ~copy_new
+        grow = grow & ~copy_old
+        if new.shape[1] > 1:  # a copy of an earlier new one
+            same_new = (own == size_new.unsqueeze(-1)) & (own == size_new.unsqueeze(1))
+            grow = grow & ~same_new.tril(-1).any(-1)
         self.gram = torch.cat(
             [torch.cat([self.gram, cross], -1), torch.cat([cross.transpose(1, 2), own], -1)], 1
         )
@@ -190,20 +186,21 @@ class _Restricted:
     def solve(self) -> None:
         """The restricted QP on the working set, by the primal active-set steps: re-solve,
         and where a weight turns negative step to the boundary and drop it (at most S
-        rounds, batched)."""
+        rounds, batched; the bordered KKT matrix built once, masked per round)."""
         working = self.working
         weights = self.weights
         pending = self.grow  # the items that took a new structure
+        system = _Bordered(self.gram, self.linear)
         for _ in range(working.shape[1] + 1):
-            if not bool(pending.any()):
-                break
-            target = _kkt_solve(self.gram, self.linear, working, 1.0)  # [B, S]
+            target = system.solve(working)  # [B, S]
             negative = working & (target < 0)
             feasible = ~negative.any(-1)
             done = pending & feasible
             weights = torch.where(done.unsqueeze(-1), target.clamp_min(0) * working, weights)
             # infeasible: alpha + t (target - alpha), t the largest keeping alpha >= 0
             step = pending & ~feasible
+            if not bool(step.any()):
+                break
             ratio = torch.where(negative, weights / (weights - target), torch.inf)
             t, drop = ratio.min(-1)  # [B]
             moved = (weights + t.unsqueeze(-1) * (target - weights)).clamp_min(0)
@@ -235,10 +232,12 @@ class _Restricted:
 
 def _support_inverse(gram: Tensor, support: Tensor) -> Tensor:
     """(K^-1)_aa [B, S, S]: the weights block of the inverse of the KKT matrix of the final
-    support (:func:`_kkt_system`; 0 off the support), by LU with the pseudo-inverse for the
+    support (:class:`_Bordered`; 0 off the support), by LU with the pseudo-inverse for the
     items whose LU fails (affinely dependent structures)."""
     size = gram.shape[-1]
-    kkt, _ = _kkt_system(gram, gram.new_zeros(gram.shape[:2]), support, 0.0)
+    system = _Bordered(gram, gram.new_zeros(gram.shape[:2]))
+    keep = torch.nn.functional.pad(support, (0, 1), value=True)
+    kkt = torch.where(keep.unsqueeze(-1) & keep.unsqueeze(-2), system.matrix, system.eye)
     inverse, info = torch.linalg.inv_ex(kkt)
     eye = torch.eye(size + 1, dtype=kkt.dtype, device=kkt.device)
     residual = (kkt @ inverse - eye).abs().amax((-1, -2))
@@ -392,7 +391,8 @@ def sparsemap(
         :class:`SparseMAPResult`: ``marginals`` (the shape of ``dist.marginals``), the part
         marginals, the ``weights`` [B, S] and ``structures`` [B, S, ...] of the convex
         combination, ``converged`` [B] and the number of ``iterations``. Differentiable in
-        the potentials (closed-form backward, once). An item with no valid structure gets
+        the potentials, in reverse and forward mode and again (closed-form Jacobian on the
+        final support; see the module docstring). An item with no valid structure gets
         zero marginals and weights.
     """
     _check(max_iter, tol)
