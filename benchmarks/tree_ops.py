@@ -1,12 +1,13 @@
 """The tree operations of issue 41 beside the peers that have them, side by side in one
 process: k best projective trees (torch-struct, supar), k best non-projective trees (no peer
 has them: ours alone), labelled projective trees (torch-struct) and the second-order
-(adjacent-sibling) projective CRF (supar's ``Dependency2oCRF``).
+(adjacent-sibling) projective CRF (supar's ``Dependency2oCRF``); SparseMAP on projective and
+non-projective trees (no peer: ours alone, beside our marginals and MAP as yardsticks).
 
 Usage (``run.py --only treeops`` runs the same rows)::
 
     PYTHONPATH=src .venv-bench/bin/python benchmarks/tree_ops.py [--quick] [--repeats R]
-        [--batch B] [--threads T]
+        [--batch B] [--threads T] [--sizes 10,20] [--match second-order --match SparseMAP]
 
 Float32, full lengths, multi-root, B trees of N positions (ROOT included). Before timing,
 each peer's values are compared with ours (``agree``: the largest absolute difference of
@@ -197,16 +198,45 @@ def _configs_at(
         agree["supar"] = float((theirs.detach() - mine).abs().max())
     out.append(("second-order log Z fwd+bwd", size, logz2, agree))
     out.append(("second-order argmax (MAP)", size, map2, agree))
+    # ---- SparseMAP (no peer has it): ours, with our marginals and MAP as the yardsticks
+    for name, cls in (
+        ("projective", structattn.DependencyCRF),
+        ("non-projective", structattn.NonProjectiveDependencyCRF),
+    ):
+        scores = arcs.detach()
+        out.append(
+            (f"SparseMAP {name}", size, {"ours": lambda c=cls, a=scores: c(a).sparsemap()}, {})
+        )
+        out.append(
+            (
+                f"{name} marginals (yardstick)",
+                size,
+                {"ours": lambda c=cls, a=scores: c(a).marginals},
+                {},
+            )
+        )
+        out.append(
+            (f"{name} argmax (yardstick)", size, {"ours": lambda c=cls, a=scores: c(a).argmax}, {})
+        )
     return out
 
 
 def run_rows(
-    batch: int, sizes: Sequence[int], repeats: int, warmup: int, k: int = 5, labels: int = 20
+    batch: int,
+    sizes: Sequence[int],
+    repeats: int,
+    warmup: int,
+    k: int = 5,
+    labels: int = 20,
+    match: Sequence[str] = (),
 ) -> list[OpRow]:
-    """Time every row (see the module docstring)."""
+    """Time every row (see the module docstring); with ``match``, only the rows whose op
+    contains one of those strings."""
     peers = _import_peers()
     rows = []
     for op, size, fns, agree in _configs(batch, sizes, k, labels, peers):
+        if match and not any(m in op for m in match):
+            continue
         timings = time_interleaved(fns, repeats, warmup)
         ms = {name: t.median * 1e3 for name, t in timings.items()}
         others = [name for name in timings if name != "ours"]
@@ -246,9 +276,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sizes", default=None, help="comma-separated N (default 10,20,40)")
+    parser.add_argument(
+        "--match", action="append", default=[], help="only the ops containing this (repeatable)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = (6,) if args.quick else (10, 20, 40)
+    if args.sizes:
+        sizes = tuple(int(n) for n in args.sizes.split(","))
     rows = run_rows(
         args.batch or (2 if args.quick else 16),
         sizes,
@@ -256,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         1 if args.quick else 2,
         k=5,
         labels=3 if args.quick else 20,
+        match=args.match,
     )
     print(format_table(rows))
     return 0

@@ -8,12 +8,14 @@ the second-order trees of ``test_trees_ops.py``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
 import test_operations as suite
 import test_trees_ops as tree_ops
 import torch
+import torch.autograd.forward_ad as fwAD
 from oracles import trees
 from torch import Tensor
 
@@ -33,6 +35,7 @@ from structattn.attention import (
     SpanAttention,
     SpanSelfAttention,
 )
+from structattn.attention._weights import structured_weights
 from structattn.attention.normalizers import (
     segmentation_weights,
     self_attention_tree_weights,
@@ -80,11 +83,45 @@ SECOND_ORDER = Op(
     5,
     2,
 )
+
+
+# ---- labelled dependency trees ([B, N, N, L] arc scores) as Ops (SparseMAP's parts) --------
+LABELS = 2
+
+
+def _labelled_op(cls: type[TreeCRFBase], multiroot: bool) -> Op:
+    projective = cls is DependencyCRF
+
+    def draw(b: int, n: int, dtype: torch.dtype, scale: float) -> Params:
+        return (torch.randn(b, n, n, LABELS, dtype=dtype) * scale,)
+
+    def support(item: Params, length: int) -> suite.Support:
+        (scores,) = item  # [N, N, L]
+        out = []
+        for heads in trees(length - 1, projective, multiroot):
+            for labels in itertools.product(range(LABELS), repeat=len(heads)):
+                ind = torch.zeros_like(scores)
+                arcs = list(zip(range(1, length), heads, labels, strict=True))
+                for m, h, lab in arcs:
+                    ind[h, m, lab] = 1
+                out.append(((ind,), sum(scores[h, m, lab] for m, h, lab in arcs)))
+        return out
+
+    name = f"labelled-{'' if projective else 'non-'}projective-{'multi' if multiroot else 'single'}"
+    return Op(name, draw, lambda p, lengths: cls(p[0], lengths, multiroot), support, 4, 2)
+
+
+LABELLED = [
+    _labelled_op(cls, multiroot)
+    for cls in (DependencyCRF, NonProjectiveDependencyCRF)
+    for multiroot in (True, False)
+]
 OPS = [*suite.OPS, SECOND_ORDER]
 TEMPERED = [op for op in OPS if op.name != "split-tree"]  # no tempered form
+SPARSEMAP_OPS = [*OPS, *LABELLED]  # SparseMAP: the labelled trees' labelled arcs too
 
 
-@pytest.fixture(params=OPS, ids=[op.name for op in OPS])
+@pytest.fixture(params=SPARSEMAP_OPS, ids=[op.name for op in SPARSEMAP_OPS])
 def op(request: pytest.FixtureRequest) -> Op:
     return request.param
 
@@ -278,6 +315,55 @@ def test_sparsemap_gradient_by_finite_differences(op: Op) -> None:
     assert torch.autograd.gradcheck(project, params, eps=1e-6, atol=1e-6)
 
 
+FORWARD_MODE = [op for op in SPARSEMAP_OPS if op.name != "split-tree"]  # no gradient there
+
+
+@pytest.mark.parametrize("op", FORWARD_MODE, ids=[op.name for op in FORWARD_MODE])
+def test_sparsemap_forward_mode_and_second_derivative(op: Op) -> None:
+    """The jvp of SparseMAP (torch.func.jvp, torch.autograd.forward_ad, jacfwd) is the
+    closed-form Jacobian: equal to central finite differences, to jacrev and (J symmetric in
+    the part scores) to the vjp; the second derivative (double backward, gradgradcheck) is 0
+    in the scores and J in the incoming gradient."""
+    torch.manual_seed(5)
+    params = tuple(p.detach() for p in op.draw(2, op.n - 1, torch.float64, 1.0))
+    lengths = torch.tensor([op.n - 1, max(op.min_len, op.n - 2)])
+    tangents = tuple(torch.randn_like(p) for p in params)
+
+    def project(*p: Tensor) -> Tensor:
+        return torch.cat([x.flatten(1) for x in op.build(p, lengths).sparsemap(tol=1e-13).parts], 1)
+
+    eps = 1e-6
+    plus = project(*(p + eps * t for p, t in zip(params, tangents, strict=True)))
+    minus = project(*(p - eps * t for p, t in zip(params, tangents, strict=True)))
+    finite = (plus - minus) / (2 * eps)
+    _, by_func = torch.func.jvp(project, params, tangents)
+    torch.testing.assert_close(by_func, finite, atol=1e-6, rtol=0)
+    with fwAD.dual_level():
+        dual = project(*(fwAD.make_dual(p, t) for p, t in zip(params, tangents, strict=True)))
+        by_dual = fwAD.unpack_dual(dual).tangent
+    assert by_dual is not None
+    torch.testing.assert_close(by_dual, by_func)
+    forward = torch.func.jacfwd(project, argnums=0)(*params)
+    torch.testing.assert_close(forward, torch.func.jacrev(project, argnums=0)(*params))
+    leaves = tuple(p.clone().requires_grad_() for p in params)
+    assert torch.autograd.gradgradcheck(project, leaves, eps=1e-6, atol=1e-6)
+    # the second derivative in the scores is 0 (piecewise linear), in the seed J
+    out = project(*leaves)
+    seed = torch.randn_like(out, requires_grad=True)
+    grads = torch.autograd.grad(out, leaves, seed, create_graph=True)
+    probe = [torch.randn_like(g) for g in grads]
+    total = sum((g * q).sum() for g, q in zip(grads, probe, strict=True))
+    second = torch.autograd.grad(total, [*leaves, seed], allow_unused=True)
+    assert all(g is None or (g == 0).all() for g in second[:-1])
+    assert second[-1] is not None and second[-1].abs().sum() > 0
+
+
+def test_sparsemap_under_vmap_is_refused() -> None:
+    scores = torch.randn(3, 2, 5, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="vmap"):
+        torch.func.vmap(lambda s: DependencyCRF(s).sparsemap().marginals)(scores)
+
+
 def test_sparsemap_is_sparse_and_sums_as_marginals(op: Op) -> None:
     params, lengths = tuple(p.detach() for p in suite._draw(op)), suite._lengths(op)
     dist = op.build(params, lengths)
@@ -338,8 +424,6 @@ def test_sparsemap_bounded_iterations_and_errors() -> None:
             sparsemap(dist, max_iter=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`tol`"):
         sparsemap(dist, tol=-1.0)
-    with pytest.raises(NotImplementedError, match="unlabelled"):
-        DependencyCRF(torch.randn(1, 4, 4, 2)).sparsemap()
 
 
 # ---- #41.7: the layers' weights="marginals" | "sparse" | "hard-st" ------------------------------
@@ -398,6 +482,54 @@ def test_hard_st_weights_are_the_argmax_structures() -> None:
     spans = torch.randn(2, 5, 5, dtype=torch.float64)
     hard = span_marginals(spans, torch.tensor([5, 3]), "constituency", weights="hard-st")
     assert torch.equal(hard, TreeCRF(spans, torch.tensor([5, 3])).argmax.to(hard.dtype))
+
+
+LABELLED_DISTRIBUTIONS = {
+    "labelled-projective": lambda s, lengths: DependencyCRF(s, lengths),
+    "labelled-non-projective": lambda s, lengths: NonProjectiveDependencyCRF(s, lengths, False),
+    "labelled-constituency": lambda s, lengths: TreeCRF(s[:, 1:, 1:], lengths - 1),
+}
+
+
+@pytest.mark.parametrize("name", list(LABELLED_DISTRIBUTIONS))
+def test_weights_options_on_labelled_structures(name: str) -> None:
+    """weights="hard-st" and "sparse" on labelled trees: the labelled MAP structure's 0/1
+    indicators forward and the labelled marginals' gradient backward; SparseMAP's labelled
+    marginals a convex combination of labelled MAP structures; the marginals' shape."""
+    scores = torch.randn(2, 6, 6, 3, dtype=torch.float64, generator=_gen(4)).requires_grad_()
+    lengths = torch.tensor([6, 4])
+    dist = LABELLED_DISTRIBUTIONS[name](scores, lengths)
+    soft = structured_weights(dist, "marginals")
+    hard = structured_weights(dist, "hard-st")
+    sparse = structured_weights(dist, "sparse")
+    assert soft.shape == hard.shape == sparse.shape == dist.marginals.shape  # type: ignore[attr-defined]
+    assert torch.equal(hard, dist._indicators(dist.argmax).to(hard.dtype))
+    assert ((hard == 0) | (hard == 1)).all() and not torch.equal(hard, soft)
+    # one label per arc (span) of the MAP structure, the same count as the marginals
+    torch.testing.assert_close(hard.flatten(1).sum(-1), soft.flatten(1).sum(-1))
+    torch.testing.assert_close(sparse.flatten(1).sum(-1), soft.flatten(1).sum(-1))
+    assert (sparse == 0).sum() > (soft == 0).sum()
+    probe = torch.randn(soft.shape, dtype=soft.dtype, generator=_gen(2))
+    (want,) = torch.autograd.grad((soft * probe).sum(), scores, retain_graph=True)
+    (got,) = torch.autograd.grad((hard * probe).sum(), scores, retain_graph=True)
+    torch.testing.assert_close(got, want)
+    (grad,) = torch.autograd.grad((sparse * probe).sum(), scores)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cls", [DependencyCRF, NonProjectiveDependencyCRF])
+def test_rsample_of_labelled_trees_perturbs_the_labels(cls: type[TreeCRFBase]) -> None:
+    """Perturb-and-MAP on labelled trees: labelled 0/1 indicators, one label per word, and
+    the noise reaches the labels (with tied label scores both labels are drawn)."""
+    scores = torch.zeros(1, 4, 4, 2, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(0)
+    draws = cls(scores).rsample(40)
+    assert draws.shape == (40, 1, 4, 4, 2)
+    torch.testing.assert_close(draws.sum((2, 3, 4)), torch.full((40, 1), 3.0, dtype=draws.dtype))
+    per_label = draws.detach().sum((0, 1, 2, 3))
+    assert (per_label > 0).all()
+    (grad,) = torch.autograd.grad(draws.sum(), scores)
+    assert torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONS))

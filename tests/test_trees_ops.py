@@ -402,6 +402,28 @@ def test_second_order_gradients_and_stability() -> None:
     assert (empty.argmax == -1).all() and (empty.entropy == 0).all()
 
 
+@MULTIROOT
+def test_second_order_map_by_hand_is_the_max_semiring_gradient(multiroot: bool) -> None:
+    """The hand-written MAP pass and backtrack (argmax, SparseMAP's oracle) give the tree
+    and score of the max semiring's gradient, ties (integer scores) and padding included."""
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(12):
+        size = 2 + trial % 7
+        arcs = torch.randn(4, size, size, dtype=torch.float64, generator=gen)
+        sibs = torch.randn(4, size, size, size, dtype=torch.float64, generator=gen)
+        if trial % 2:
+            arcs, sibs = arcs.round().clamp(-1, 1), sibs.round().clamp(-1, 1)
+        lengths = torch.randint(2, size + 1, (4,), generator=gen)
+        lengths[0] = size
+        dist = SecondOrderDependencyCRF(arcs, sibs, lengths=lengths, multiroot=multiroot)
+        score, indicators = dist._map  # the autograd path of the base class
+        assert torch.equal(dist.argmax, dist._invalidate(dist._to_structure(*indicators), score))
+        found = dist._part_argmax(dist._parts(arcs, sibs), lengths)
+        for got, want in zip(found, indicators, strict=True):
+            assert torch.equal(got, want), trial
+        torch.testing.assert_close(dist.max_score, score)
+
+
 def test_second_order_errors() -> None:
     with pytest.raises(ValueError, match="`sibling_scores` must have shape"):
         SecondOrderDependencyCRF(torch.randn(1, 4, 4), torch.randn(1, 4, 4, 3))

@@ -8,7 +8,9 @@ of its CRF as attention weights.
   backward (straight-through).
 
 Each has the shape of the distribution's ``marginals``, so a layer swaps one for another
-without reshaping.
+without reshaping; for labelled structures (dependency trees with [B, N, N, L] arc scores,
+labelled ``TreeCRF``) that is the labelled parts: SparseMAP projects the labelled arcs
+(spans) and ``"hard-st"`` gives the labelled MAP structure's indicators.
 """
 
 from __future__ import annotations

@@ -100,6 +100,12 @@ def _eager(fn: _F) -> _F:
     return cast(_F, call)
 
 
+def gumbel_like(x: Tensor) -> Tensor:
+    """Standard Gumbel noise of the shape, dtype and device of ``x`` (global RNG)."""
+    uniform = torch.rand_like(x).clamp_(torch.finfo(x.dtype).tiny, 1.0)
+    return -(-uniform.log()).log()
+
+
 def check_temperature(temperature: object) -> float:
     """``temperature`` as a float, ValueError unless it is a finite positive number."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -507,35 +513,52 @@ class StructuredDistribution:
         of the shape of ``marginals``: [n, B, ...] (float, 0/1 forward).
 
         Each draw adds independent Gumbel noise to every entry of the first potential tensor
-        (unary / arc / span / segment / pivot scores), takes the MAP structure of the
-        perturbed scores (forward: its 0/1 indicators) and back-propagates through the
-        marginals of the perturbed scores at ``temperature`` (the straight-through
-        estimator: value ``hard + (soft - soft.detach())``). The perturbation is per part, not
-        per structure, so the draws are **not** exact samples of this distribution (use
-        ``sample(n)`` for those); they are hard structures a layer can use in the forward
-        pass and still train. Uses the global torch RNG."""
+        (unary / arc / span / segment / pivot scores; labelled trees: the label scores),
+        takes the MAP structure of the perturbed scores (forward: its 0/1 indicators) and
+        back-propagates through the marginals of the perturbed scores at ``temperature``
+        (the straight-through estimator: value ``hard + (soft - soft.detach())``). The
+        perturbation is per part, not per structure, so the draws are **not** exact samples
+        of this distribution (use ``sample(n)`` for those); they are hard structures a layer
+        can use in the forward pass and still train. Uses the global torch RNG."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"`n` must be a positive int, got {n!r}")
         draws = []
         for _ in range(n):
-            first = self._raw[0]
-            uniform = torch.rand_like(first).clamp_(torch.finfo(first.dtype).tiny, 1.0)
-            gumbel = -(-uniform.log()).log()
-            perturbed = self._with_raw(first + gumbel, *self._raw[1:])
+            perturbed = self._perturbed()
             soft = perturbed.tempered(temperature).marginals  # type: ignore[attr-defined]
             hard = perturbed._indicators(perturbed.argmax).to(soft.dtype)
             draws.append(hard + (soft - soft.detach()))  # exactly 0/1 forward
         return torch.stack(draws)
 
+    def _perturbed(self) -> StructuredDistribution:
+        """This distribution with independent Gumbel noise added to every entry of its first
+        potential tensor (one perturb-and-MAP draw of :meth:`rsample`; global RNG)."""
+        first = self._raw[0]
+        return self._with_raw(first + gumbel_like(first), *self._raw[1:])
+
     # ---- SparseMAP (#41.7) ---------------------------------------------------------------
-    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _sparsemap_parts(self) -> tuple[Tensor, ...]:
+        """The part scores that :meth:`sparsemap` projects, the ``marginals`` part first (the
+        shapes of :meth:`_parts`; labelled trees: their labelled arcs)."""
+        return self._parts(*self._raw)
+
+    def _sparsemap_argmax(
+        self, parts: tuple[Tensor, ...], lengths: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """0/1 indicators of the MAP structures under the part scores ``parts`` (the shapes
+        of :meth:`_sparsemap_parts`, for any batch of items whose ``lengths`` are given),
+        detached: the oracle of :meth:`sparsemap`."""
+        return self._part_argmax(parts, lengths)
+
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
         """0/1 indicators of the MAP structure of each item under the part scores ``parts``
-        (the shapes of :meth:`_parts`; 0 everywhere for an item with none), detached: the
-        gradient of the max-plus inside pass (ties: as ``_map``). Subclasses with their own
-        MAP algorithm override it. The oracle of :meth:`sparsemap`."""
+        (the shapes of :meth:`_parts`, any batch size, items of ``lengths``; 0 everywhere
+        for an item with none), detached: the gradient of the max-plus inside pass (ties:
+        as ``_map``). Subclasses with their own MAP algorithm override it. The oracle of
+        :meth:`sparsemap`."""
         with torch.inference_mode(False), torch.enable_grad():
             leaves = tuple(_fresh_leaf(p) for p in parts)
-            value = self._inside(MaxSemiring, leaves, self.lengths)
+            value = self._inside(MaxSemiring, leaves, lengths)
             grads = torch.autograd.grad(value.sum(), leaves, materialize_grads=True)
         none = torch.isneginf(value.detach())  # [B]: no structure (no meaningful gradient)
         return tuple(
@@ -557,7 +580,7 @@ class StructuredDistribution:
         """The MAP structure (``argmax``) as 0/1 indicators of the shape of ``marginals``
         in the forward pass, with the gradient of ``marginals`` in the backward pass (the
         straight-through estimator, ``hard + (soft - soft.detach())``: exactly 0/1 forward).
-        Unlabelled structures (labelled trees: use the arc scores)."""
+        Labelled structures: the labelled parts (``marginals``' shape, [B, N, N, L])."""
         soft = self.marginals  # type: ignore[attr-defined]
         hard = self._indicators(self.argmax).to(soft.dtype)
         return hard + (soft - soft.detach())

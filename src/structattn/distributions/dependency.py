@@ -26,7 +26,13 @@ from ..structs.dependency import (
 )
 from ..structs.kbest_trees import eisner_kbest, label_kbest
 from ..trees import crossing_free, is_projective, is_tree, projectivize
-from .base import StructuredDistribution, cached_property, check_temperature, tempered_inputs
+from .base import (
+    StructuredDistribution,
+    cached_property,
+    check_temperature,
+    gumbel_like,
+    tempered_inputs,
+)
 
 # is_projective and projectivize live in structattn.trees (no dynamic program); re-exported here
 __all__ = ["DependencyCRF", "LabelledHeads", "TreeCRFBase", "is_projective", "projectivize"]
@@ -176,7 +182,13 @@ class TreeCRFBase(StructuredDistribution):
         return self._tree_score(self.argmax)
 
     def _indicators(self, value: Tensor) -> Tensor:
-        # heads [B, N] -> arcs [B, N, N] (arc heads[m] -> m; none where heads[m] = -1)
+        # heads [B, N] -> arcs [B, N, N] (arc heads[m] -> m; none where heads[m] = -1);
+        # LabelledHeads -> labelled arcs [B, N, N, L] (the shape of labelled ``marginals``)
+        if isinstance(value, tuple):
+            heads, labels = value
+            arcs = self._indicators(heads)
+            onehot = torch.nn.functional.one_hot(labels.clamp_min(0), self.num_labels)
+            return arcs.unsqueeze(-1) * onehot.unsqueeze(-3)  # [B, N, N, L]
         size = self.arc_scores.shape[-1]
         arcs = torch.nn.functional.one_hot(value.clamp_min(0), size).transpose(1, 2)
         return arcs * (value >= 0).unsqueeze(1)
@@ -304,6 +316,31 @@ class TreeCRFBase(StructuredDistribution):
         log_probs = torch.log(probs).masked_fill(probs == 0, 0.0)
         per_arc = -(probs * log_probs).sum(-1)  # [B, N, N]
         return trees + (self.arc_marginals * per_arc).flatten(1).sum(-1)
+
+    def _perturbed(self) -> StructuredDistribution:
+        # labelled trees: the noise on every labelled arc (the arc scores are their logsumexp)
+        if self.label_scores is None:
+            return super()._perturbed()
+        noisy = self.label_scores + gumbel_like(self.label_scores)
+        return type(self)(noisy, self.lengths, self.multiroot, validate_args=False)
+
+    def _sparsemap_parts(self) -> tuple[Tensor, ...]:
+        # labelled trees: SparseMAP projects the labelled arcs [B, N, N, L]
+        if self.label_scores is None:
+            return super()._sparsemap_parts()
+        return (self._label_parts(),)
+
+    def _sparsemap_argmax(
+        self, parts: tuple[Tensor, ...], lengths: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        # labelled trees: the labels factor given the tree, so the MAP labelled tree is the
+        # MAP tree under each arc's best label score, with that label (ties: the first)
+        if self.label_scores is None:
+            return super()._sparsemap_argmax(parts, lengths)
+        best, label = parts[0].max(-1)  # [B, N, N] each
+        (arcs,) = self._part_argmax((best,), lengths)
+        onehot = torch.nn.functional.one_hot(label, self.num_labels).to(arcs.dtype)
+        return (arcs.unsqueeze(-1) * onehot,)
 
     def _sample_labels(self, heads: Tensor) -> LabelledHeads:
         """Draw each arc's label from p(label | arc) (Gumbel-max, global RNG)."""
@@ -440,12 +477,12 @@ class DependencyCRF(TreeCRFBase):
         (arcs,) = self._parts(self.arc_scores.detach())
         return eisner_kbest(arcs, self.lengths, self.multiroot, k)
 
-    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
         # the C++ MAP kernel where it applies (no autograd round trip), else the max-plus
         # pass's gradient: the same tree
-        best = eisner_argmax(parts[0], self.lengths, self.multiroot)
+        best = eisner_argmax(parts[0], lengths, self.multiroot)
         if best is None:
-            return super()._part_argmax(parts)
+            return super()._part_argmax(parts, lengths)
         score, heads = best
         return (self._indicators(self._invalidate(heads, score)).to(parts[0].dtype),)
 

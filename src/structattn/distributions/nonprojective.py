@@ -138,9 +138,9 @@ class NonProjectiveDependencyCRF(TreeCRFBase):
             return heads
         return self._sample_labels(heads)  # type: ignore[return-value]
 
-    def _part_argmax(self, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
         # Chu-Liu-Edmonds: no max-plus inside pass for non-projective trees
-        heads = chu_liu_edmonds(parts[0].detach(), self.lengths, self.multiroot)
+        heads = chu_liu_edmonds(parts[0].detach(), lengths, self.multiroot)
         return (self._indicators(heads).to(parts[0].dtype),)
 
     def _kbest_heads(self, k: int) -> Tensor:

@@ -11,9 +11,15 @@ from .._precision import autocast_widened
 from .._validation import check_potentials
 from ..semirings import Semiring
 from ..structs.dependency import tree_score
-from ..structs.second_order import second_order_inside, second_order_kbest, sibling_score
+from ..structs.second_order import (
+    second_order_inside,
+    second_order_kbest,
+    second_order_map,
+    sibling_indicators,
+    sibling_score,
+)
 from ..trees import crossing_free
-from .base import tempered_inputs
+from .base import cached_property, tempered_inputs
 from .dependency import TreeCRFBase
 
 __all__ = ["SecondOrderDependencyCRF"]
@@ -52,7 +58,8 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         validate_args: check shapes, dtypes and values (one host sync); default True.
 
     ``log_partition``, ``marginals`` (arcs [B, N, N]) and ``sibling_marginals``
-    ([B, N, N, N]), ``argmax`` / ``max_score`` (MAP by the max semiring), ``entropy``,
+    ([B, N, N, N]), ``argmax`` / ``max_score`` (MAP: the max-plus pass, backtracked by
+    hand), ``entropy``,
     ``sample(n)`` and ``log_prob(heads)`` (heads LongTensor [B, N], ``-1`` at ROOT and
     padding), all from one inside pass (:func:`structattn.structs.second_order
     .second_order_inside`) and autograd. Time O(B N^3), N sequential steps; memory
@@ -136,6 +143,23 @@ class SecondOrderDependencyCRF(TreeCRFBase):
     def sibling_marginals(self) -> Tensor:
         """p(h takes m right after s on the same side), shape [B, N, N, N] (0 where unread)."""
         return self._marginals_tuple[1]
+
+    @cached_property
+    def argmax(self) -> Tensor:
+        """Heads of the highest-scoring tree, LongTensor [B, N] (``-1`` at ROOT, padding and
+        for an item with no tree): the max-plus pass and a hand-written backtrack
+        (:func:`structattn.structs.second_order.second_order_map`; ties as the max
+        semiring's gradient)."""
+        arcs, sibs = self._parts(self.arc_scores.detach(), self.sibling_scores.detach())
+        score, heads = second_order_map(arcs, sibs, self.lengths)
+        return self._invalidate(heads, score)
+
+    def _part_argmax(self, parts: tuple[Tensor, ...], lengths: Tensor | None) -> tuple[Tensor, ...]:
+        # the hand-written MAP pass (SparseMAP's oracle): arc and sibling indicators
+        score, heads = second_order_map(parts[0], parts[1], lengths)
+        heads = self._invalidate(heads, score)
+        dtype = parts[0].dtype
+        return self._indicators(heads).to(dtype), sibling_indicators(heads).to(dtype)
 
     def topk(self, k: int) -> tuple[Tensor, Tensor]:
         """The k best trees, exactly, best first: (scores [k, B], heads LongTensor [k, B, N])

@@ -2,8 +2,8 @@ r"""SparseMAP (Niculae, Martins, Blondel & Cardie 2018): sparse structured margi
 active-set algorithm, with the MAP pass of a distribution as its only oracle.
 
 For the part scores :math:`\theta` of a distribution (every part tensor of its inside pass,
-flattened: labels and transitions of a chain, arcs, spans, segments and transitions, arcs
-and sibling pairs)
+flattened: labels and transitions of a chain, arcs (labelled trees: labelled arcs
+[B, N, N, L]), spans (labelled or not), segments and transitions, arcs and sibling pairs)
 
 .. math:: \mathrm{SparseMAP}(\theta) = \arg\max_{\mu \in \mathcal{M}}
           \theta^\top \mu - \tfrac12 \|\mu\|^2
@@ -19,6 +19,9 @@ of ``marginals`` (transitions, sibling pairs), the paper's variant puts the quad
 its restricted QP is singular whenever the active structures are affinely dependent in that
 part alone (a chain's label indicators often are), which the plain active-set step below
 does not handle. For trees and constituency trees (one part tensor) the two coincide.
+Labelled dependency trees project their labelled arcs (``marginals``' [B, N, N, L]); their
+oracle is the MAP tree under each arc's best label score, with that label (the labels
+factor given the tree).
 
 **Active set** (Nocedal & Wright 16.3; the paper's Algorithm 1). The problem restricted to a
 working set A of structures is an equality-constrained QP in the weights,
@@ -36,8 +39,10 @@ returns a structure already active (no progress possible in floating point; a st
 dropped earlier may come back), or after
 ``max_iter`` iterations (``converged`` says which items stopped by the gap). All items of
 the batch run together: one batched oracle call (``argmax`` of the distribution on modified
-scores) and one batched solve of the small KKT systems per iteration; items that stopped
-keep their solution.
+scores) on the items still running and one batched solve of the small KKT systems per
+iteration (by LU; a pseudo-inverse only for an item whose LU fails, i.e. affinely dependent
+structures); items that stopped keep their solution, and slots of dropped structures are
+cut every few iterations.
 
 **Backward** (the paper's Proposition 1): on the support :math:`\bar A`
 (:math:`\alpha_z > 0`) the solution is the affine map
@@ -45,20 +50,33 @@ keep their solution.
 :math:`\partial \mu / \partial \theta = M_{\bar A}^\top (K^{-1})_{\alpha\alpha} M_{\bar A}`
 (symmetric), applied to the incoming gradient in closed form: exact, piecewise constant in
 the scores, no backward through the iterations. A loss on the sparse marginals trains the
-scores by it; its own derivative (double backward) is not available.
+scores by it. The same product is the forward-mode rule (``jvp``: ``torch.func.jvp``,
+``jacfwd``, ``torch.autograd.forward_ad``), and it is made of matrix products with the
+saved :math:`(K^{-1})_{\alpha\alpha}`, so it is differentiable again: the second derivative
+(double backward, ``gradgradcheck``) is J in the incoming gradient and 0 in the scores,
+exact wherever the support does not change (the map is piecewise linear; at a change of
+support it has no derivative). ``torch.func.vmap`` over the scores is refused (the
+iterations stop per item on values read on the host).
 
-Costs: per iteration one MAP pass (the structure's argmax, O(its MAP)) and O(B S P) for the
-Gram row of the new structure (S active structures, P part entries); memory O(B S P) for
-the active structures. The QP is solved in float64 whatever the scores' dtype; the oracle
-runs in the scores' dtype.
+Costs: per iteration one MAP pass over the running items (the structure's argmax, O(its
+MAP)), O(B S P) for the Gram row of the new structure (S active structures, P part
+entries) and O(B S^3) for the KKT solves; memory O(B S P) for the active structures. At
+least one iteration per structure of the final support (the support grows by one per
+iteration), so items with a large support (small scores, long sentences) take many. The
+QP is solved in float64 whatever the scores' dtype; the oracle runs in the scores' dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
+
+from .._validation import outer_jvp
 
 if TYPE_CHECKING:  # no runtime import: base.py imports this module from a method
     from .base import StructuredDistribution
@@ -85,76 +103,104 @@ class SparseMAPResult(NamedTuple):
     iterations: int
 
 
-def _kkt_solve(gram: Tensor, rhs: Tensor, active: Tensor, total: float) -> Tensor:
-    """Solve ``[G, 1; 1^T, 0] [x; tau] = [rhs; total]`` on the ``active`` slots of each item
-    (x = 0 elsewhere), by a pseudo-inverse (robust to affinely dependent structures), float64.
+class _Bordered:
+    """The KKT systems ``[G, 1; 1^T, 0] [x; tau] = [b; 1]`` of one batch of restricted QPs,
+    solved for any working set (``solve``) without rebuilding the bordered matrix."""
 
-    gram [B, S, S], rhs [B, S], active BoolTensor [B, S] -> x [B, S]."""
-    batch, size = rhs.shape
-    both = active.unsqueeze(-1) & active.unsqueeze(-2)  # [B, S, S]
-    eye = torch.eye(size, dtype=gram.dtype, device=gram.device)
-    kkt = gram.new_zeros(batch, size + 1, size + 1)
-    kkt[:, :size, :size] = torch.where(both, gram, eye * (~active).unsqueeze(-1))
-    ones = active.to(gram.dtype)
-    kkt[:, :size, size] = ones
-    kkt[:, size, :size] = ones
-    full = rhs.new_zeros(batch, size + 1)
-    full[:, :size] = rhs * ones
-    full[:, size] = total
-    solution = torch.linalg.pinv(kkt, hermitian=True) @ full.unsqueeze(-1)
-    return solution.squeeze(-1)[:, :size] * ones
+    def __init__(self, gram: Tensor, linear: Tensor) -> None:
+        batch, size = linear.shape
+        ones = linear.new_ones(batch, size, 1)
+        top = torch.cat([gram, ones], -1)
+        bottom = torch.cat([ones.transpose(1, 2), linear.new_zeros(batch, 1, 1)], -1)
+        self.matrix = torch.cat([top, bottom], 1)  # [B, S + 1, S + 1]
+        self.rhs = torch.cat([linear, linear.new_ones(batch, 1)], -1)  # [B, S + 1]
+        self.eye = torch.eye(size + 1, dtype=gram.dtype, device=gram.device)
+        self.scale = 1.0 + gram.abs().amax((-1, -2)) + linear.abs().amax(-1)  # [B]
+
+    def solve(self, working: Tensor) -> Tensor:
+        """x [B, S] on the ``working`` slots (0 elsewhere): by LU, and by a pseudo-inverse
+        for the items whose LU fails or leaves a residual (affinely dependent structures)."""
+        keep = torch.nn.functional.pad(working, (0, 1), value=True)  # [B, S + 1]
+        kkt = torch.where(keep.unsqueeze(-1) & keep.unsqueeze(-2), self.matrix, self.eye)
+        rhs = (self.rhs * keep).unsqueeze(-1)
+        solution, info = torch.linalg.solve_ex(kkt, rhs)
+        residual = (kkt @ solution - rhs).abs().amax((-1, -2))
+        size = solution.abs().amax((-1, -2))
+        bad = (info != 0) | ~(residual <= 1e-9 * self.scale * (1.0 + size))  # NaN fails too
+        if bool(bad.any()):  # singular (affinely dependent structures): least-norm solution
+            index = bad.nonzero().squeeze(-1)
+            pinv = torch.linalg.pinv(kkt.index_select(0, index), hermitian=True)
+            solution = solution.index_copy(0, index, pinv @ rhs.index_select(0, index))
+        return solution[:, :-1, 0] * working
 
 
 class _Restricted:
-    """The active structures of every item and their restricted QP (float64 state)."""
+    """The working structures of every item and their restricted QP (float64 state): slot s
+    of item b holds the indicators ``structures[b, s]`` [P], its Gram row and score, its
+    weight (0 for a slot not in use) and whether it is in the working set."""
 
-    def __init__(self, first: Tensor, quadratic: Tensor, scores: Tensor) -> None:
-        # first [B, P]: the MAP structures' indicators; quadratic [P]: 1 on the parts under the
-        # quadratic (all of them: the Euclidean projection)
-        self.quadratic = quadratic
-        self.scores = scores  # [B, P] finite scores (-inf -> 0: no active structure uses it)
+    def __init__(self, first: Tensor, scores: Tensor) -> None:
+        # first [B, P]: the MAP structures' indicators; scores [B, P]: finite scores (-inf ->
+        # 0: no structure uses them)
+        self.scores = scores
         self.structures = first.unsqueeze(1)  # [B, S, P]
-        self.gram = ((first * quadratic) * first).sum(-1).view(-1, 1, 1)  # [B, S, S]
+        self.gram = (first * first).sum(-1).view(-1, 1, 1)  # [B, S, S]
         self.linear = (first * scores).sum(-1, keepdim=True)  # [B, S]
         # [B, S]; 0 for an item with no structure (its oracle answer has no part)
         self.weights = (first != 0).any(-1, keepdim=True).to(first.dtype)
+        self.working = self.weights > 0
+        self.grow = self.working[:, 0]
 
     @property
     def mean(self) -> Tensor:
         """mu = sum_s alpha_s m_s, [B, P]."""
         return (self.weights.unsqueeze(1) @ self.structures).squeeze(1)
 
-    def add(self, structure: Tensor, grow: Tensor) -> None:
-        """Append ``structure`` [B, P] as a new slot (weight 0), active for the items ``grow``."""
-        row = (self.structures * (structure * self.quadratic).unsqueeze(1)).sum(-1)  # [B, S]
-        own = ((structure * self.quadratic) * structure).sum(-1, keepdim=True)  # [B, 1]
+    def add(self, new: Tensor, grow: Tensor) -> Tensor:
+        """Append the structures ``new`` [B, K, P] as K new slots (weight 0), in the working
+        set where ``grow`` [B, K] and not a copy of a slot in use or of an earlier new one.
+        Returns BoolTensor [B]: the first new structure is a copy of a working one (where
+        ``grow``)."""
+        cross = self.structures @ new.transpose(1, 2)  # [B, S, K]: <m_s, m_k>
+        own = new @ new.transpose(1, 2)  # [B, K, K]
+        size_old = self.gram.diagonal(dim1=1, dim2=2)  # [B, S] = |m_s|
+        size_new = own.diagonal(dim1=1, dim2=2)  # [B, K]
+        # 0/1 vectors a, b are equal iff |a| = |b| = <a, b>
+        copy_old = (cross == size_old.unsqueeze(-1)) & (cross == size_new.unsqueeze(1))
+        copy_old = (copy_old & self.working.unsqueeze(-1)).any(1)  # [B, K]
+        repeated = copy_old[:, 0] & grow[:, 0]  # the first one is a working structure
+        grow = grow & ~copy_old
+        if new.shape[1] > 1:  # a copy of an earlier new one
+            same_new = (own == size_new.unsqueeze(-1)) & (own == size_new.unsqueeze(1))
+            grow = grow & ~same_new.tril(-1).any(-1)
         self.gram = torch.cat(
-            [torch.cat([self.gram, row.unsqueeze(-1)], -1), torch.cat([row, own], -1).unsqueeze(1)],
-            1,
+            [torch.cat([self.gram, cross], -1), torch.cat([cross.transpose(1, 2), own], -1)], 1
         )
-        self.structures = torch.cat([self.structures, structure.unsqueeze(1)], 1)
-        self.linear = torch.cat([self.linear, (structure * self.scores).sum(-1, keepdim=True)], 1)
-        self.weights = torch.cat([self.weights, self.weights.new_zeros(len(grow), 1)], 1)
-        self.working = torch.cat([self.weights[:, :-1] > 0, grow.unsqueeze(-1)], 1)
-        self.grow = grow
+        self.structures = torch.cat([self.structures, new], 1)
+        self.linear = torch.cat([self.linear, (new @ self.scores.unsqueeze(-1)).squeeze(-1)], 1)
+        self.weights = torch.cat([self.weights, self.weights.new_zeros(grow.shape)], 1)
+        self.working = torch.cat([self.weights[:, : -grow.shape[1]] > 0, grow], 1)
+        self.grow = grow.any(-1)
+        return repeated
 
     def solve(self) -> None:
         """The restricted QP on the working set, by the primal active-set steps: re-solve,
         and where a weight turns negative step to the boundary and drop it (at most S
-        rounds, batched)."""
+        rounds, batched; the bordered KKT matrix built once, masked per round)."""
         working = self.working
         weights = self.weights
         pending = self.grow  # the items that took a new structure
+        system = _Bordered(self.gram, self.linear)
         for _ in range(working.shape[1] + 1):
-            if not bool(pending.any()):
-                break
-            target = _kkt_solve(self.gram, self.linear, working, 1.0)  # [B, S]
+            target = system.solve(working)  # [B, S]
             negative = working & (target < 0)
             feasible = ~negative.any(-1)
             done = pending & feasible
             weights = torch.where(done.unsqueeze(-1), target.clamp_min(0) * working, weights)
             # infeasible: alpha + t (target - alpha), t the largest keeping alpha >= 0
             step = pending & ~feasible
+            if not bool(step.any()):
+                break
             ratio = torch.where(negative, weights / (weights - target), torch.inf)
             t, drop = ratio.min(-1)  # [B]
             moved = (weights + t.unsqueeze(-1) * (target - weights)).clamp_min(0)
@@ -164,27 +210,86 @@ class _Restricted:
             working = torch.where(step.unsqueeze(-1), working & ~dropped, working)
             pending = step
         self.weights = weights
-        self.working = working
+        self.working = working & (weights > 0)
+
+    def compact(self) -> None:
+        """Move each item's slots in use (weight > 0) to the front and cut the slots no item
+        uses (the state stays O(B S P) with S the largest support, not the iterations)."""
+        keep = self.weights > 0  # [B, S]
+        size = max(int(keep.sum(-1).max()), 1)
+        if size == keep.shape[1] and bool(keep[:, :size].all()):
+            return
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :size]
+        self.structures = self.structures.gather(
+            1, order.unsqueeze(-1).expand(-1, -1, self.structures.shape[-1])
+        )
+        rows = self.gram.gather(1, order.unsqueeze(-1).expand(-1, -1, self.gram.shape[-1]))
+        self.gram = rows.gather(2, order.unsqueeze(1).expand(-1, size, -1))
+        self.linear = self.linear.gather(1, order)
+        self.weights = self.weights.gather(1, order)
+        self.working = self.weights > 0
+
+
+def _support_inverse(gram: Tensor, support: Tensor) -> Tensor:
+    """(K^-1)_aa [B, S, S]: the weights block of the inverse of the KKT matrix of the final
+    support (:class:`_Bordered`; 0 off the support), by LU with the pseudo-inverse for the
+    items whose LU fails (affinely dependent structures)."""
+    size = gram.shape[-1]
+    system = _Bordered(gram, gram.new_zeros(gram.shape[:2]))
+    keep = torch.nn.functional.pad(support, (0, 1), value=True)
+    kkt = torch.where(keep.unsqueeze(-1) & keep.unsqueeze(-2), system.matrix, system.eye)
+    inverse, info = torch.linalg.inv_ex(kkt)
+    eye = torch.eye(size + 1, dtype=kkt.dtype, device=kkt.device)
+    residual = (kkt @ inverse - eye).abs().amax((-1, -2))
+    bad = (info != 0) | ~(residual <= 1e-9 * (1.0 + kkt.abs().amax((-1, -2))))
+    if bool(bad.any()):
+        index = bad.nonzero().squeeze(-1)
+        fixed = torch.linalg.pinv(kkt.index_select(0, index), hermitian=True)
+        inverse = inverse.index_copy(0, index, fixed)
+    both = (support.unsqueeze(-1) & support.unsqueeze(-2)).to(kkt.dtype)
+    return inverse[:, :size, :size] * both
+
+
+def _apply_jacobian(structures: Tensor, block: Tensor, vector: Tensor) -> Tensor:
+    """J v for the Jacobian J = M^T (K^-1)_aa M of SparseMAP on its final support (the
+    paper's Proposition 1; ``block`` = (K^-1)_aa [B, S, S], ``structures`` M [B, S, P]),
+    v [B, P] -> [B, P]; J is symmetric, so this is the vjp and the jvp alike. Matrix products
+    only: differentiable in ``vector`` and batched under ``vmap`` (J is a constant: the map
+    is piecewise linear in the scores, its second derivative 0 wherever the support is
+    stable)."""
+    flat = vector.to(structures.dtype).unsqueeze(-1)  # [B, P, 1]
+    weights = block @ (structures @ flat)  # [B, S, 1]: (K^-1)_aa M v
+    return (structures.transpose(1, 2) @ weights).squeeze(-1).to(vector.dtype)
 
 
 class _SparseMAPFunction(torch.autograd.Function):
-    """mu = SparseMAP(theta) with the closed-form backward on the final support."""
+    """mu = SparseMAP(theta), computed by the caller (``mean``); backward and jvp: the
+    closed-form Jacobian on the final support (:func:`_apply_jacobian`), differentiable
+    again (double backward: J applied to the incoming gradient, 0 in the scores)."""
+
+    generate_vmap_rule = True  # matrix products only: jacrev and jacfwd batch them
 
     @staticmethod
-    def forward(
-        ctx: Any, theta: Tensor, mean: Tensor, structures: Tensor, support: Tensor, gram: Tensor
-    ) -> Tensor:
-        ctx.save_for_backward(structures, support, gram)
+    def forward(theta: Tensor, mean: Tensor, structures: Tensor, block: Tensor) -> Tensor:
         return mean.to(theta.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, _, structures, block = inputs
+        ctx.save_for_backward(structures, block)
+        ctx.save_for_forward(structures, block)
+
+    @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        structures, support, gram = ctx.saved_tensors  # [B, S, P], [B, S], [B, S, S]
-        projected = (structures @ grad.to(structures.dtype).unsqueeze(-1)).squeeze(-1)  # [B, S]
-        weights = _kkt_solve(gram, projected, support, 0.0)  # (K^-1)_aa M g
-        grad_theta = (weights.unsqueeze(1) @ structures).squeeze(1)
-        return grad_theta.to(grad.dtype), None, None, None, None
+        structures, block = ctx.saved_tensors  # [B, S, P], [B, S, S]
+        return _apply_jacobian(structures, block, grad), None, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor | None, *_: Any) -> Tensor | None:
+        structures, block = ctx.saved_tensors
+        if tangent is None:
+            return None
+        return outer_jvp(_apply_jacobian, structures, block, tangent)
 
 
 def _check(max_iter: object, tol: object) -> None:
@@ -192,6 +297,81 @@ def _check(max_iter: object, tol: object) -> None:
         raise ValueError(f"`max_iter` must be a non-negative int, got {max_iter!r}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
         raise ValueError(f"`tol` must be a non-negative float, got {tol!r}")
+
+
+def _outside_transforms() -> contextlib.AbstractContextManager[object]:
+    """A context that runs plain PyTorch (autograd included: the MAP oracles may take a
+    gradient) with the ``torch.func`` transforms' interpreter stack set aside."""
+    if not torch._C._are_functorch_transforms_active():
+        return contextlib.nullcontext()
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    return temporarily_clear_interpreter_stack()
+
+
+def _plain(x: Tensor) -> Tensor:
+    """``x``'s values as a plain tensor: unwrapped from every ``torch.func`` grad and jvp
+    level (the active set runs outside them; its result enters through the Function).
+    ValueError under ``vmap``: the active set's stopping rule reads values on the host."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(x):
+        if functorch.is_batchedtensor(x):
+            raise ValueError(
+                "sparsemap() cannot take scores batched by torch.func.vmap: the active set "
+                "stops per item on values read on the host (jacfwd and jacrev, which batch "
+                "only the tangents, work; or loop over the vmapped dimension)"
+            )
+        x = functorch.get_unwrapped(x)
+    return fwAD.unpack_dual(x).primal.detach()
+
+
+class _Solution(NamedTuple):
+    mean: Tensor  # [B, P] float64
+    structures: Tensor  # [B, S, P] float64
+    weights: Tensor  # [B, S] float64
+    gram: Tensor  # [B, S, S] float64
+    converged: Tensor  # [B]
+    iterations: int
+
+
+def _active_set(
+    raw: Tensor, oracle: Callable[[Tensor, Tensor], Tensor], max_iter: int, tol: float
+) -> _Solution:
+    """The active-set iterations on the plain part scores ``raw`` [B, P] (``-inf`` allowed:
+    forbidden parts); ``oracle(scores [R, P], items LongTensor [R])`` gives the MAP
+    indicators [R, P] (float64) of those items under those scores. Each iteration asks the
+    oracle about the items still running only."""
+    batch = raw.shape[0]
+    scores = torch.where(torch.isfinite(raw), raw, 0.0).to(torch.float64)
+    threshold = tol * (1.0 + scores.abs().amax(-1))  # [B]
+    forbidden = torch.isneginf(raw)
+    every = torch.arange(batch, device=raw.device)
+    state = _Restricted(oracle(raw, every), scores)
+    converged = torch.zeros(batch, dtype=torch.bool, device=raw.device)
+    stopped = state.weights[:, 0] == 0  # no structure: nothing to do
+    live = (~stopped).nonzero().squeeze(-1)  # the items still running
+    iterations = 0
+    while iterations < max_iter and live.numel():
+        mean = state.mean
+        gradient = scores - mean  # [B, P]: the objective's gradient
+        # the oracle on the gradient, -inf parts kept forbidden
+        query = torch.where(forbidden, raw, gradient.to(raw.dtype)).index_select(0, live)
+        best = torch.zeros_like(scores).index_copy(0, live, oracle(query, live))
+        gap = (gradient * (best - mean)).sum(-1)
+        small = (gap <= threshold) & ~stopped
+        converged = converged | small
+        stopped = stopped | small
+        # an active structure again: no progress possible (a dropped one may come back)
+        stopped = stopped | state.add(best.unsqueeze(1), (~stopped).unsqueeze(-1))
+        live = (~stopped).nonzero().squeeze(-1)
+        if not live.numel():
+            break
+        iterations += 1
+        state.solve()
+        if iterations % 8 == 0:  # slots of dropped structures: cut now and then
+            state.compact()
+    state.compact()
+    return _Solution(state.mean, state.structures, state.weights, state.gram, converged, iterations)
 
 
 def sparsemap(
@@ -211,67 +391,42 @@ def sparsemap(
         :class:`SparseMAPResult`: ``marginals`` (the shape of ``dist.marginals``), the part
         marginals, the ``weights`` [B, S] and ``structures`` [B, S, ...] of the convex
         combination, ``converged`` [B] and the number of ``iterations``. Differentiable in
-        the potentials (closed-form backward, once). An item with no valid structure gets
+        the potentials, in reverse and forward mode and again (closed-form Jacobian on the
+        final support; see the module docstring). An item with no valid structure gets
         zero marginals and weights.
     """
     _check(max_iter, tol)
-    if getattr(dist, "label_scores", None) is not None:
-        raise NotImplementedError(
-            "sparsemap() covers unlabelled dependency trees only (the marginal polytope of "
-            "labelled arcs has no MAP oracle here); sum the labels out or use the arc scores"
-        )
     grad_on = dist._differentiable()
     with torch.set_grad_enabled(grad_on):
-        parts = dist._parts(*dist._raw)
+        parts = dist._sparsemap_parts()
     batch = parts[0].shape[0]
     shapes = [p.shape for p in parts]
     sizes = [p[0].numel() for p in parts]
     theta = torch.cat([p.reshape(batch, -1) for p in parts], -1)  # [B, P]
-    with torch.no_grad():
-        raw = theta.detach()
-        scores = torch.where(torch.isfinite(raw), raw, 0.0).to(torch.float64)
-        # the parts under the quadratic: all of them (the Euclidean projection)
-        quadratic = torch.ones(scores.shape[1], dtype=torch.float64, device=scores.device)
-        threshold = tol * (1.0 + scores.abs().amax(-1))  # [B]
+    raw = _plain(theta)
+    with torch.no_grad(), _outside_transforms():
 
-        def oracle(flat: Tensor) -> Tensor:  # scores [B, P] -> MAP indicators [B, P], float64
-            chunks = flat.to(raw.dtype).split(sizes, -1)
-            given = tuple(c.reshape(s) for c, s in zip(chunks, shapes, strict=True))
-            found = dist._part_argmax(given)
-            return torch.cat([f.reshape(batch, -1) for f in found], -1).to(torch.float64)
+        def oracle(flat: Tensor, items: Tensor) -> Tensor:  # [R, P], [R] -> [R, P] float64
+            rows = flat.shape[0]
+            chunks = flat.split(sizes, -1)
+            given = tuple(c.reshape(rows, *s[1:]) for c, s in zip(chunks, shapes, strict=True))
+            lengths = None if dist.lengths is None else dist.lengths.index_select(0, items)
+            found = dist._sparsemap_argmax(given, lengths)
+            return torch.cat([f.reshape(rows, -1) for f in found], -1).to(torch.float64)
 
-        state = _Restricted(oracle(raw), quadratic, scores)
-        converged = torch.zeros(batch, dtype=torch.bool, device=scores.device)
-        stopped = state.weights[:, 0] == 0  # no structure: nothing to do
-        iterations = 0
-        for _ in range(max_iter):
-            mean = state.mean
-            gradient = scores - quadratic * mean  # [B, P]: the objective's gradient
-            # the oracle on the gradient, -inf parts kept forbidden
-            best = oracle(torch.where(torch.isneginf(raw), raw, gradient.to(raw.dtype)))
-            gap = (gradient * (best - mean)).sum(-1)
-            small = gap <= threshold
-            converged = converged | (small & ~stopped)  # an item with none: gap 0
-            # an active structure again: no progress possible (a dropped one may come back)
-            same = (state.structures == best.unsqueeze(1)).all(-1)  # [B, S]
-            repeated = (same & (state.weights > 0)).any(-1)
-            stopped = stopped | small | repeated
-            if bool(stopped.all()):
-                break
-            iterations += 1
-            state.add(best, ~stopped)
-            state.solve()
-        support = state.weights > 0
-        mean = state.mean
-        structures = state.structures
-        gram = state.gram
-        weights = state.weights
-    if grad_on:
-        flat = _SparseMAPFunction.apply(theta, mean, structures, support, gram)
-    else:
-        flat = mean.to(raw.dtype)
+        solution = _active_set(raw, oracle, max_iter, tol)
+        mean, structures, weights, gram = solution[:4]
+        block = _support_inverse(gram, weights > 0)
+    # always through the Function (it only saves): forward-mode duals need its jvp even where
+    # nothing requires grad
+    flat = _SparseMAPFunction.apply(theta, mean, structures, block)
     out = tuple(c.reshape(s) for c, s in zip(flat.split(sizes, -1), shapes, strict=True))
     first = structures[..., : sizes[0]].reshape(batch, -1, *shapes[0][1:])
     return SparseMAPResult(
-        out[0], out, weights.to(raw.dtype), first.to(raw.dtype), converged, iterations
+        out[0],
+        out,
+        weights.to(raw.dtype),
+        first.to(raw.dtype),
+        solution.converged,
+        solution.iterations,
     )

@@ -33,7 +33,13 @@ from ..semirings import Semiring
 from .dependency import _arcs_by_width
 from .kbest_trees import _indicators_to_heads, _rank_arcs, _rank_pairs, _top
 
-__all__ = ["second_order_inside", "second_order_kbest", "sibling_score"]
+__all__ = [
+    "second_order_inside",
+    "second_order_kbest",
+    "second_order_map",
+    "sibling_indicators",
+    "sibling_score",
+]
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,6 +127,134 @@ def second_order_inside(
     return top.gather(1, (last - 1).unsqueeze(-1)).squeeze(-1)
 
 
+@full_precision
+def second_order_map(
+    arc_scores: Tensor, sibling_scores: Tensor, lengths: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """(score [B], heads LongTensor [B, N]) of the best projective tree under arc +
+    adjacent-sibling scores (arguments as :func:`second_order_inside`): the max-plus pass of
+    :func:`second_order_inside` without autograd, keeping each cell's best split, then the
+    backtrack by hand, widths down (one gather and one scatter a width). Ties: the first
+    split, as the gradient of the max semiring. Heads are ``-1`` at ROOT and padding (and
+    arbitrary for an item with score ``-inf``: the caller invalidates those)."""
+    batch, size, _ = arc_scores.shape
+    last = last_index(lengths, batch, size, arc_scores.device)
+    with torch.no_grad():
+        score, splits = _second_order_max(arc_scores.detach(), sibling_scores.detach(), last)
+        heads = _second_order_backtrack(splits, last, size)
+    return score, heads
+
+
+def _second_order_max(
+    arc_scores: Tensor, sibling_scores: Tensor, last: Tensor
+) -> tuple[Tensor, list[tuple[Tensor, Tensor, Tensor]]]:
+    """The max-plus charts of :func:`second_order_inside` (same stripes), returning the
+    best score [B] and per width w >= 1 the best splits (S [B, n], I [B, 2, n] with 0 for a
+    first child and 1 + j for the inner sibling s + 1 + j, C [B, 2, n]: (C_L, C_R))."""
+    batch, size, _ = arc_scores.shape
+    arcs = _arcs_by_width(arc_scores)  # per width [B, 2, n]: (s -> t, t -> s)
+    sibs = _siblings_by_width(sibling_scores)  # per width >= 2 [B, 2, n, w-1]
+    comp_s = arc_scores.new_zeros(batch, 2, size - 1, 1)
+    comp_e = comp_s
+    inc_s = inc_e = sib_s = sib_e = arc_scores.new_zeros(batch, size, 0)
+    tops, splits = [], []
+    for w in range(1, size):
+        n = size - w
+        sib_new, sib_arg = (comp_s[:, 1] + comp_e[:, 0]).max(-1)  # [B, n]
+        first = torch.stack([comp_e[:, 0, :, 0], comp_s[:, 1, :, w - 1]], 1)  # [B, 2, n]
+        if w == 1:
+            inc, inc_arg = first + arcs[w], torch.zeros_like(first, dtype=torch.long)
+        else:
+            right = inc_s[:, :n] + sib_e[:, 1:]
+            left = sib_s[:, :n] + inc_e[:, 1:]
+            terms = torch.stack([right, left], 1) + sibs[w]  # [B, 2, n, w-1]
+            inc, inc_arg = torch.cat([first.unsqueeze(-1), terms], -1).max(-1)
+            inc = inc + arcs[w]
+        inc_s = torch.cat([inc_s[:, :n], inc[:, 0, :, None]], -1)
+        inc_e = torch.cat([inc[:, 1, :, None], inc_e[:, 1:]], -1)
+        sib_s = torch.cat([sib_s[:, :n], sib_new[..., None]], -1)
+        sib_e = torch.cat([sib_new[..., None], sib_e[:, 1:]], -1)
+        comp, comp_arg = torch.stack([comp_s[:, 0] + inc_e, inc_s + comp_e[:, 1]], 1).max(-1)
+        splits.append((sib_arg, inc_arg, comp_arg))
+        tops.append(comp[:, 1, :1])
+        if w < size - 1:
+            comp_s = torch.cat([comp_s[:, :, : n - 1], comp[:, :, : n - 1, None]], -1)
+            comp_e = torch.cat([comp[:, :, 1:, None], comp_e[:, :, 1:]], -1)
+    top = torch.cat(tops, -1)  # [B, N-1]: C_R(0, w)
+    return top.gather(1, (last - 1).unsqueeze(-1)).squeeze(-1), splits
+
+
+# the cell types of the backtrack's chart [B, 5, N, N] (cell (s, t), s < t)
+_CL, _CR, _IR, _IL, _S = range(5)  # C_L(s, t), C_R(s, t), I(s -> t), I(t -> s), S(s, t)
+
+
+def _route(used: Tensor, own: Tensor, children: Tensor) -> None:
+    """Mark the two ``children`` [B, K, n, 2] (flat cells) of the used cells ``own`` [K, n]
+    in ``used`` [B, 5 N N] (in place)."""
+    batch = used.shape[0]
+    g = used.index_select(1, own.flatten()).view(batch, *own.shape, 1).expand_as(children)
+    used.scatter_add_(1, children.flatten(1), g.flatten(1))
+
+
+def _second_order_backtrack(
+    splits: list[tuple[Tensor, Tensor, Tensor]], last: Tensor, size: int
+) -> Tensor:
+    """Heads [B, N] of the best derivation: a 0/1 chart of the cells it uses, seeded at
+    C_R(0, last) and routed, widths down, to each used cell's two children (a first child's
+    I cell has one: its second goes to the never-read cell C_L(0, 0))."""
+    batch = last.shape[0]
+    area = size * size
+    used = torch.zeros(batch, 5 * area, dtype=torch.long, device=last.device)
+    used.scatter_(1, (_CR * area + last).unsqueeze(-1), 1)
+
+    def cell(kind: int, s: Tensor, t: Tensor) -> Tensor:
+        return kind * area + s * size + t
+
+    for w in range(size - 1, 0, -1):
+        sib_arg, inc_arg, comp_arg = splits[w - 1]
+        n = size - w
+        s = torch.arange(n, device=last.device)  # [n]
+        t = s + w
+        j_cl, j_cr = comp_arg[:, 0], comp_arg[:, 1]  # [B, n]
+        a_r, a_l = inc_arg[:, 0], inc_arg[:, 1]
+        none = torch.zeros_like(a_r)  # C_L(0, 0): read by no one
+        # the complete spans first: C_L(s, t) may use I(t -> s), C_R(s, t) I(s -> t)
+        complete = torch.stack(
+            [
+                torch.stack([cell(_CL, s, s + j_cl), cell(_IL, s + j_cl, t)], -1),
+                torch.stack([cell(_IR, s, s + 1 + j_cr), cell(_CR, s + 1 + j_cr, t)], -1),
+            ],
+            1,
+        )  # [B, 2, n, 2]
+        _route(used, torch.stack([cell(k, s, t) for k in (_CL, _CR)]), complete)
+        # then the incomplete spans and the sibling pairs (children of smaller widths)
+        rest = torch.stack(
+            [
+                torch.stack(
+                    [
+                        torch.where(a_r == 0, cell(_CL, s + 1, t), cell(_IR, s, s + a_r)),
+                        torch.where(a_r == 0, none, cell(_S, s + a_r, t)),
+                    ],
+                    -1,
+                ),
+                torch.stack(
+                    [
+                        torch.where(a_l == 0, cell(_CR, s, t - 1), cell(_S, s, s + a_l)),
+                        torch.where(a_l == 0, none, cell(_IL, s + a_l, t)),
+                    ],
+                    -1,
+                ),
+                torch.stack([cell(_CR, s, s + sib_arg), cell(_CL, s + sib_arg + 1, t)], -1),
+            ],
+            1,
+        )  # [B, 3, n, 2]
+        _route(used, torch.stack([cell(k, s, t) for k in (_IR, _IL, _S)]), rest)
+    chart = used.view(batch, 5, size, size).clamp_max(1)
+    arcs = chart[:, _IR] + chart[:, _IL].transpose(1, 2)  # [B, N(h), N(m)]
+    heads = arcs.argmax(1)  # [B, N]
+    return heads.masked_fill(arcs.sum(1) == 0, -1)
+
+
 def inner_siblings(heads: Tensor, words: Tensor) -> Tensor:
     """Each word's inner sibling, LongTensor [B, N]: the child of its head closest to it
     strictly between the head and it; -1 for a first child and where not ``words``."""
@@ -147,6 +281,19 @@ def sibling_score(sibling_scores: Tensor, heads: Tensor, words: Tensor) -> Tenso
     index = (heads.clamp_min(0) * size + position) * size + inner.clamp_min(0)  # (h, m, s)
     picked = sibling_scores.reshape(batch, size**3).gather(1, index)
     return picked.masked_fill(~has, 0.0).sum(-1)
+
+
+def sibling_indicators(heads: Tensor) -> Tensor:
+    """0/1 adjacent-sibling indicators [B, N, N, N] (``[b, h, m, s]``: h takes m right after
+    s) of the trees ``heads`` LongTensor [B, N] (``-1`` at ROOT, padding and missing trees)."""
+    batch, size = heads.shape
+    words = heads >= 0
+    inner = inner_siblings(heads, words)  # [B, N]
+    position = torch.arange(size, device=heads.device)
+    index = (heads.clamp_min(0) * size + position) * size + inner.clamp_min(0)  # (h, m, s)
+    out = torch.zeros(batch, size**3, dtype=torch.long, device=heads.device)
+    out.scatter_(1, index, (inner >= 0).long())
+    return out.view(batch, size, size, size)
 
 
 def _pair_sums(a: Tensor, b: Tensor) -> Tensor:
