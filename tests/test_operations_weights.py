@@ -358,6 +358,48 @@ def test_sparsemap_forward_mode_and_second_derivative(op: Op) -> None:
     assert second[-1] is not None and second[-1].abs().sum() > 0
 
 
+WARM = [op for op in SPARSEMAP_OPS if op.name != "split-tree"]
+
+
+@pytest.mark.parametrize("op", WARM, ids=[op.name for op in WARM])
+def test_sparsemap_warm_start(op: Op) -> None:
+    """``init=`` an earlier result: from its own result no iteration and the same solution;
+    from the result of nearby scores the solution of a cold start (optimal), in fewer or
+    as many iterations."""
+    torch.manual_seed(11)
+    params = tuple(p.detach() for p in op.draw(3, op.n, torch.float64, 1.0))
+    lengths = suite._lengths(op)
+    cold = op.build(params, lengths).sparsemap(tol=1e-12)
+    again = op.build(params, lengths).sparsemap(tol=1e-12, init=cold)
+    assert again.iterations == 0 and again.converged.all()
+    torch.testing.assert_close(again.marginals, cold.marginals)
+    moved = tuple(p + 0.1 * torch.randn_like(p) for p in params)
+    want = op.build(moved, lengths).sparsemap(tol=1e-12)
+    got = op.build(moved, lengths).sparsemap(tol=1e-12, init=cold)
+    assert got.converged.all()
+    for a, b in zip(got.parts, want.parts, strict=True):
+        torch.testing.assert_close(a, b)
+    assert got.iterations <= want.iterations
+
+
+def test_sparsemap_warm_start_skips_forbidden_structures_and_checks_init() -> None:
+    arcs = torch.randn(2, 7, 7, dtype=torch.float64)
+    cold = DependencyCRF(arcs).sparsemap()
+    # forbid an arc that the earlier support uses: those structures do not come back
+    used = (cold.structures[0] * (cold.weights[0] > 0).view(-1, 1, 1)).sum(0)
+    h, m = divmod(int(used.flatten().argmax()), 7)
+    blocked = arcs.clone()
+    blocked[:, h, m] = float("-inf")
+    got = DependencyCRF(blocked).sparsemap(init=cold)
+    want = DependencyCRF(blocked).sparsemap()
+    torch.testing.assert_close(got.marginals, want.marginals)
+    assert (got.marginals[:, h, m] == 0).all()
+    with pytest.raises(ValueError, match="`init`"):
+        DependencyCRF(arcs).sparsemap(init=cold.marginals)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`init`"):
+        DependencyCRF(torch.randn(2, 6, 6)).sparsemap(init=cold)
+
+
 def test_sparsemap_under_vmap_is_refused() -> None:
     scores = torch.randn(3, 2, 5, 5, dtype=torch.float64)
     with pytest.raises(ValueError, match="vmap"):

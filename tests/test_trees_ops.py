@@ -446,9 +446,11 @@ def test_tree_ops_benchmark_runs() -> None:
     try:
         module = importlib.import_module("tree_ops")
         rows = module.run_rows(2, (5,), repeats=1, warmup=0, k=2, labels=2)
+        matched = module.run_rows(2, (5,), 1, 0, k=2, labels=2, match=("SparseMAP",))
     finally:
         sys.path.remove(folder)
-    assert len(rows) == 6
+    assert len(rows) == 12  # 6 beside peers, SparseMAP and its yardsticks (2 x 3)
+    assert [row.op for row in matched] == ["SparseMAP projective", "SparseMAP non-projective"]
     assert all(row.ms["ours"] > 0 for row in rows)
     assert all(err < 1e-4 for row in rows for err in row.agree.values())
 

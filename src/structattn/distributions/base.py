@@ -565,16 +565,18 @@ class StructuredDistribution:
             g.detach().masked_fill(none.view(-1, *([1] * (g.dim() - 1))), 0.0) for g in grads
         )
 
-    def sparsemap(self, max_iter: int = 50, tol: float = 1e-6) -> SparseMAPResult:
+    def sparsemap(
+        self, max_iter: int = 50, tol: float = 1e-6, init: SparseMAPResult | None = None
+    ) -> SparseMAPResult:
         """SparseMAP marginals (Niculae et al. 2018): the scores projected onto the marginal
         polytope, a sparse convex combination of few structures, by the active-set algorithm
         with this distribution's MAP pass as oracle; differentiable (closed-form backward).
         Returns a :class:`~structattn.distributions.sparsemap.SparseMAPResult` (``.marginals``
         has the shape of ``marginals``); see :func:`~structattn.distributions.sparsemap
-        .sparsemap` for the arguments."""
+        .sparsemap` for the arguments (``init``: a warm start from an earlier result)."""
         from .sparsemap import sparsemap  # a function-level import: sparsemap types this one
 
-        return sparsemap(self, max_iter, tol)
+        return sparsemap(self, max_iter, tol, init)
 
     def straight_through(self) -> Tensor:
         """The MAP structure (``argmax``) as 0/1 indicators of the shape of ``marginals``

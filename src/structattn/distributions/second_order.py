@@ -58,12 +58,13 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         validate_args: check shapes, dtypes and values (one host sync); default True.
 
     ``log_partition``, ``marginals`` (arcs [B, N, N]) and ``sibling_marginals``
-    ([B, N, N, N]), ``argmax`` / ``max_score`` (MAP: the max-plus pass, backtracked by
-    hand), ``entropy``,
-    ``sample(n)`` and ``log_prob(heads)`` (heads LongTensor [B, N], ``-1`` at ROOT and
-    padding), all from one inside pass (:func:`structattn.structs.second_order
-    .second_order_inside`) and autograd. Time O(B N^3), N sequential steps; memory
-    O(B N^3) (the sibling scores and their gradient). ``topk(k)``: the exact k best trees.
+    ([B, N, N, N]), ``entropy``, ``sample(n)`` and ``log_prob(heads)`` (heads LongTensor
+    [B, N], ``-1`` at ROOT and padding), all from one inside pass
+    (:func:`structattn.structs.second_order.second_order_inside`) and autograd; ``argmax``
+    and ``max_score``: the same pass in the max semiring without autograd, backtracked by
+    hand (:func:`structattn.structs.second_order.second_order_map`). Time O(B N^3), N
+    sequential steps; memory O(B N^3) (the sibling scores and their gradient).
+    ``topk(k)``: the exact k best trees.
 
     Example:
         >>> arcs, sibs = torch.randn(2, 6, 6), torch.randn(2, 6, 6, 6)

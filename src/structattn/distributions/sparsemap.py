@@ -42,7 +42,10 @@ the batch run together: one batched oracle call (``argmax`` of the distribution 
 scores) on the items still running and one batched solve of the small KKT systems per
 iteration (by LU; a pseudo-inverse only for an item whose LU fails, i.e. affinely dependent
 structures); items that stopped keep their solution, and slots of dropped structures are
-cut every few iterations.
+cut every few iterations. ``init=`` an earlier result warm-starts the working set with its
+structures and weights (those that use no part now forbidden; the rest of the weight on
+the MAP structure), so scores that moved little (a training step) take few iterations: the
+same solution, found from a better start.
 
 **Backward** (the paper's Proposition 1): on the support :math:`\bar A`
 (:math:`\alpha_z > 0`) the solution is the affine map
@@ -101,6 +104,9 @@ class SparseMAPResult(NamedTuple):
     converged: Tensor
     #: the number of active-set iterations run (the same for the batch)
     iterations: int
+    #: [B, S, P] float64 0/1 indicators of every part tensor of the weighed structures,
+    #: flattened (``structures`` holds the first part only): ``init=`` of a later call
+    part_structures: Tensor | None = None
 
 
 class _Bordered:
@@ -309,6 +315,29 @@ def _outside_transforms() -> contextlib.AbstractContextManager[object]:
     return temporarily_clear_interpreter_stack()
 
 
+def _check_init(init: object, raw: Tensor) -> tuple[Tensor, Tensor]:
+    """``init``'s part structures [B, S0, P] and weights [B, S0] (float64, on ``raw``'s
+    device; the structures of weight 0 zeroed), ValueError unless it is a
+    :class:`SparseMAPResult` of ``raw``'s batch and part shapes."""
+    part_structures = getattr(init, "part_structures", None)
+    if not isinstance(init, SparseMAPResult) or not isinstance(part_structures, Tensor):
+        raise ValueError(
+            "`init` must be the SparseMAPResult of an earlier sparsemap(), got "
+            + type(init).__name__
+        )
+    if part_structures.dim() != 3 or (part_structures.shape[0], part_structures.shape[2]) != (
+        raw.shape[0],
+        raw.shape[1],
+    ):
+        raise ValueError(
+            "`init` must come from a distribution of the same class and shapes: its structures "
+            f"have {tuple(part_structures.shape)} (B, S, parts), the scores {tuple(raw.shape)}"
+        )
+    weights = init.weights.detach().to(device=raw.device, dtype=torch.float64)
+    structures = part_structures.detach().to(device=raw.device, dtype=torch.float64)
+    return structures * (weights > 0).unsqueeze(-1), weights.clamp_min(0)
+
+
 def _plain(x: Tensor) -> Tensor:
     """``x``'s values as a plain tensor: unwrapped from every ``torch.func`` grad and jvp
     level (the active set runs outside them; its result enters through the Function).
@@ -335,20 +364,38 @@ class _Solution(NamedTuple):
 
 
 def _active_set(
-    raw: Tensor, oracle: Callable[[Tensor, Tensor], Tensor], max_iter: int, tol: float
+    raw: Tensor,
+    oracle: Callable[[Tensor, Tensor], Tensor],
+    max_iter: int,
+    tol: float,
+    init: tuple[Tensor, Tensor] | None = None,
 ) -> _Solution:
     """The active-set iterations on the plain part scores ``raw`` [B, P] (``-inf`` allowed:
     forbidden parts); ``oracle(scores [R, P], items LongTensor [R])`` gives the MAP
     indicators [R, P] (float64) of those items under those scores. Each iteration asks the
-    oracle about the items still running only."""
+    oracle about the items still running only. ``init`` (structures [B, S0, P], weights
+    [B, S0]): a warm start; the working set begins with those structures (the allowed ones)
+    and the MAP structure, from those weights (the rest on the MAP structure), and the
+    restricted QP is solved before the first oracle call."""
     batch = raw.shape[0]
     scores = torch.where(torch.isfinite(raw), raw, 0.0).to(torch.float64)
     threshold = tol * (1.0 + scores.abs().amax(-1))  # [B]
     forbidden = torch.isneginf(raw)
     every = torch.arange(batch, device=raw.device)
     state = _Restricted(oracle(raw, every), scores)
-    converged = torch.zeros(batch, dtype=torch.bool, device=raw.device)
     stopped = state.weights[:, 0] == 0  # no structure: nothing to do
+    if init is not None:  # warm start: the earlier structures that are still allowed
+        structures, weights = init
+        allowed = (structures != 0).any(-1) & ~((structures != 0) & forbidden.unsqueeze(1)).any(-1)
+        state.add(structures, allowed & ~stopped.unsqueeze(-1))
+        # start from the earlier weights (a feasible point: the earlier solution where its
+        # structures are still allowed), the rest of the weight on the MAP structure
+        kept = weights * state.working[:, 1:]
+        state.weights = torch.cat([(1.0 - kept.sum(-1, keepdim=True)).clamp_min(0), kept], 1)
+        state.weights = state.weights * (~stopped).unsqueeze(-1)
+        state.working = state.working | (state.weights > 0)
+        state.solve()
+    converged = torch.zeros(batch, dtype=torch.bool, device=raw.device)
     live = (~stopped).nonzero().squeeze(-1)  # the items still running
     iterations = 0
     while iterations < max_iter and live.numel():
@@ -375,7 +422,10 @@ def _active_set(
 
 
 def sparsemap(
-    dist: StructuredDistribution, max_iter: int = 50, tol: float = 1e-6
+    dist: StructuredDistribution,
+    max_iter: int = 50,
+    tol: float = 1e-6,
+    init: SparseMAPResult | None = None,
 ) -> SparseMAPResult:
     """SparseMAP marginals of ``dist`` (any structured distribution with an ``argmax``): the
     active-set algorithm with ``dist``'s MAP pass as oracle (see the module docstring).
@@ -386,6 +436,11 @@ def sparsemap(
             solution after the last one is returned, with ``converged`` False for the items
             whose gap was still above ``tol``.
         tol: stop an item when its Frank-Wolfe gap is at most ``tol * (1 + max |theta|)``.
+        init: a warm start: the result of an earlier call on a distribution of the same
+            class and shapes (e.g. the previous training step's scores); its structures
+            (those that use no part now forbidden) start in the working set, so an item
+            whose support changed little takes few iterations. The solution is the same as
+            without (optimal up to ``tol``), only found faster.
 
     Returns:
         :class:`SparseMAPResult`: ``marginals`` (the shape of ``dist.marginals``), the part
@@ -414,7 +469,10 @@ def sparsemap(
             found = dist._sparsemap_argmax(given, lengths)
             return torch.cat([f.reshape(rows, -1) for f in found], -1).to(torch.float64)
 
-        solution = _active_set(raw, oracle, max_iter, tol)
+        start = None
+        if init is not None:
+            start = _check_init(init, raw)
+        solution = _active_set(raw, oracle, max_iter, tol, start)
         mean, structures, weights, gram = solution[:4]
         block = _support_inverse(gram, weights > 0)
     # always through the Function (it only saves): forward-mode duals need its jvp even where
@@ -429,4 +487,5 @@ def sparsemap(
         first.to(raw.dtype),
         solution.converged,
         solution.iterations,
+        structures,
     )
