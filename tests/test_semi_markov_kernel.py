@@ -10,7 +10,9 @@ transitions, an item with no segmentation, |score| = 1e4, shared [C, C] and per-
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,3 +223,16 @@ def test_the_batch_split_in_chunks_gives_the_same_results() -> None:
     with kernels_disabled():
         want = _results(scores, transitions, lengths)
     _assert_same(got, want, torch.float64)
+
+
+def test_the_benchmark_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/semi_kernel.py (one round of one call per row): a table row per op."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "semi_kernel.py"
+    spec = importlib.util.spec_from_file_location("structattn_bench_semi_kernel", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rounds", "1", "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 2 * len(module.SIZES)  # the header, a row per op and size
+    assert all(row.endswith("x |") for row in rows[1:])
