@@ -121,6 +121,24 @@ def test_kernel_matches_at_large_scores(dtype: torch.dtype) -> None:
     assert all(torch.isfinite(x[[0, 1, 3]]).all() for x in got)
 
 
+def test_kernel_matches_at_plus_inf_without_validation() -> None:
+    """A +inf score (refused by validation) gives log Z = +inf on both paths (NaN where a
+    path through it meets a -inf score: +inf - inf)."""
+    gen = torch.Generator().manual_seed(10)
+    scores = torch.randn(2, 5, 2, 2, generator=gen, dtype=torch.float64)
+    scores[0, 1, 0, 1] = INF
+    transitions = torch.randn(2, 2, generator=gen, dtype=torch.float64)
+    for trans in (transitions, transitions.masked_fill(torch.eye(2, dtype=torch.bool), -INF)):
+        got = SemiMarkovCRF(scores, trans, validate_args=False).log_partition
+        with kernels_disabled():
+            want = SemiMarkovCRF(scores, trans, validate_args=False).log_partition
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert (
+        got[0].isnan()
+        and SemiMarkovCRF(scores, transitions, validate_args=False).log_partition[0] == INF
+    )
+
+
 def test_kernel_matches_without_lengths() -> None:
     scores, transitions, _ = _draw((3, 6, 3, 2), True, torch.float64, seed=4)
     scores[2] = torch.randn(6, 3, 2, dtype=torch.float64)
