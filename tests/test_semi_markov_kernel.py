@@ -10,7 +10,9 @@ transitions, an item with no segmentation, |score| = 1e4, shared [C, C] and per-
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +121,24 @@ def test_kernel_matches_at_large_scores(dtype: torch.dtype) -> None:
     assert all(torch.isfinite(x[[0, 1, 3]]).all() for x in got)
 
 
+def test_kernel_matches_at_plus_inf_without_validation() -> None:
+    """A +inf score (refused by validation) gives log Z = +inf on both paths (NaN where a
+    path through it meets a -inf score: +inf - inf)."""
+    gen = torch.Generator().manual_seed(10)
+    scores = torch.randn(2, 5, 2, 2, generator=gen, dtype=torch.float64)
+    scores[0, 1, 0, 1] = INF
+    transitions = torch.randn(2, 2, generator=gen, dtype=torch.float64)
+    for trans in (transitions, transitions.masked_fill(torch.eye(2, dtype=torch.bool), -INF)):
+        got = SemiMarkovCRF(scores, trans, validate_args=False).log_partition
+        with kernels_disabled():
+            want = SemiMarkovCRF(scores, trans, validate_args=False).log_partition
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert (
+        got[0].isnan()
+        and SemiMarkovCRF(scores, transitions, validate_args=False).log_partition[0] == INF
+    )
+
+
 def test_kernel_matches_without_lengths() -> None:
     scores, transitions, _ = _draw((3, 6, 3, 2), True, torch.float64, seed=4)
     scores[2] = torch.randn(6, 3, 2, dtype=torch.float64)
@@ -221,3 +241,16 @@ def test_the_batch_split_in_chunks_gives_the_same_results() -> None:
     with kernels_disabled():
         want = _results(scores, transitions, lengths)
     _assert_same(got, want, torch.float64)
+
+
+def test_the_benchmark_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/semi_kernel.py (one round of one call per row): a table row per op."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "semi_kernel.py"
+    spec = importlib.util.spec_from_file_location("structattn_bench_semi_kernel", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rounds", "1", "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 2 * len(module.SIZES)  # the header, a row per op and size
+    assert all(row.endswith("x |") for row in rows[1:])

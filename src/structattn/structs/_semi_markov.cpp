@@ -50,12 +50,13 @@ Tensor shared_or_batched(const Tensor& t, int64_t batch, int64_t labels, const c
   TORCH_CHECK((t.dim() == 2 || (t.dim() == 3 && t.size(0) == batch)) &&
                   t.size(-1) == labels && t.size(-2) == labels,
               "semi_markov: ", what, " must be [C, C] or [B, C, C]");
-  if (t.dim() == 3 && t.stride(0) == 0) return t.select(0, 0).contiguous();
+  if (t.dim() == 3 && t.stride(0) == 0 && batch > 0) return t.select(0, 0).contiguous();
   return t.contiguous();
 }
 
 // y = logsumexp_i x_i over ``count`` terms; ``x`` is overwritten with the softmax (all 0 when
-// every term is -inf, and then y = -inf; all NaN and y = NaN when a term is NaN).
+// every term is -inf, and then y = -inf; all NaN and y = NaN when a term is NaN; all NaN and
+// y = +inf when a term is +inf, as torch.logsumexp and the PyTorch path give).
 inline double softmax_in_place(double* x, int64_t count) {
   double top = -kInf;
   bool nan = false;
@@ -63,8 +64,8 @@ inline double softmax_in_place(double* x, int64_t count) {
     top = x[i] > top ? x[i] : top;
     nan = nan || std::isnan(x[i]);
   }
-  if (nan || top == -kInf) {
-    const double fill = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+  if (nan || top == -kInf || top == kInf) {
+    const double fill = top == -kInf && !nan ? 0.0 : std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < count; ++i) x[i] = fill;
     return nan ? fill : top;
   }
