@@ -1,6 +1,8 @@
 """The optional C++ kernels (``_kernels.cpp``), built on first use: Eisner's inside and
-outside passes and Hessian-vector product (``_eisner.cpp``) and the LU path of the
-matrix-tree theorem (``_matrix_tree.cpp``).
+outside passes, Hessian-vector product and MAP (``_eisner.cpp``), the LU path of the
+matrix-tree theorem (``_matrix_tree.cpp``), the linear-chain passes (``_chain.cpp``) and
+Viterbi (``_viterbi.cpp``), CKY with its label passes (``_cky.cpp``) and the semi-Markov
+passes (``_semi_markov.cpp``).
 
 The PyTorch code in :mod:`structattn.structs.dependency` and
 :mod:`structattn.structs.nonprojective` is the reference; the C++ ports run the same
