@@ -17,7 +17,9 @@ The charts, for s < t (complete spans as in :mod:`structattn.structs.dependency`
 * ``C_R(s, t) = ⊕_{s<r<=t} I(s -> r) + C_R(r, t)``, ``C_L(s, t) = ⊕_{s<=r<t} C_L(s, r) + I(t -> r)``
 
 Each width is one batched step over its N - w spans: time O(B N^3), memory O(B N^2) for the
-charts (O(B N^3) with the sibling scores and autograd's graph).
+charts (O(B N^3) with the sibling scores and autograd's graph). In the log semiring
+:func:`second_order_log_partition` runs the same charts without autograd, keeping each
+width's split weights (O(B N^3)), and its backward is the outside pass by hand.
 """
 
 from __future__ import annotations
@@ -147,12 +149,12 @@ def _weights(x: Tensor) -> tuple[Tensor, Tensor]:
 
 def _second_order_log_charts(
     arc_scores: Tensor, sibling_scores: Tensor, keep: bool
-) -> tuple[Tensor, list[tuple[Tensor, Tensor, Tensor]]]:
+) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """The log-semiring charts of :func:`second_order_inside` on full [B, N, N] charts
     (cell (s, t), s < t) read by strided views, without autograd: returns the chart C_R
     (log Z of the prefix 0..t is ``C_R[:, 0, t]``) and, if ``keep``, per width w >= 1 the
-    softmax weights of each cell's splits (S [B, n, w], I [B, 2, n, w] with the first child
-    first, C [B, 2, n, w]: (C_L, C_R))."""
+    softmax weights of each cell's splits ([B, 3, n, w]: I(s -> t) and I(t -> s) with the
+    first child first, then S; and [B, 2, n, w]: C_L, C_R)."""
     batch, size, _ = arc_scores.shape
     step = size
     sibs = sibling_scores.contiguous().view(batch, size**3)
@@ -165,12 +167,12 @@ def _second_order_log_charts(
     kept = []
     for w in range(1, size):
         n = size - w
-        # S(s, t) = ⊕_j C_R(s, s+j) + C_L(s+j+1, t)                                    [B, n]
-        pair = _cells(c_r, n, w, 0, 0, 1) + _cells(c_l, n, w, 1, w, step)
-        sib_new, sib_w = _weights(pair)
+        # one [B, 3, n, w] tensor of splits, reduced at once:
         # I(s -> t): first child C_L(s+1, t), or I(s -> r) + S(r, t) + sib(s, t, r)
         # I(t -> s): first child C_R(s, t-1), or S(s, r) + I(t -> r) + sib(t, s, r)
-        terms = arc_scores.new_empty(batch, 2, n, w)
+        # S(s, t) = ⊕_j C_R(s, s+j) + C_L(s+j+1, t)
+        terms = arc_scores.new_empty(batch, 3, n, w)
+        torch.add(_cells(c_r, n, w, 0, 0, 1), _cells(c_l, n, w, 1, w, step), out=terms[:, 2])
         terms[:, 0, :, 0] = c_l.diagonal(w - 1, 1, 2)[:, 1:]
         terms[:, 1, :, 0] = c_r.diagonal(w - 1, 1, 2)[:, :n]
         if w > 1:
@@ -185,12 +187,12 @@ def _second_order_log_charts(
                 (batch, n, w - 1), (size**3, cube, 1), base + w * size + 1
             )
             rest[:, 1] += sibs.as_strided(
-                (batch, n, w - 1), (size**3, cube, 1), w * size * size + 1
+                (batch, n, w - 1), (size**3, cube, 1), base + w * size * size + 1
             )
-        inc, inc_w = _weights(terms)  # [B, 2, n]
-        i_r.diagonal(w, 1, 2).copy_(inc[:, 0]).add_(arc_scores.diagonal(w, 1, 2))
-        i_l.diagonal(w, 1, 2).copy_(inc[:, 1]).add_(arc_scores.diagonal(-w, 1, 2))
-        s_c.diagonal(w, 1, 2).copy_(sib_new)
+        total, split_w = _weights(terms)  # [B, 3, n]: I(s -> t), I(t -> s) without arcs, S
+        torch.add(total[:, 0], arc_scores.diagonal(w, 1, 2), out=i_r.diagonal(w, 1, 2))
+        torch.add(total[:, 1], arc_scores.diagonal(-w, 1, 2), out=i_l.diagonal(w, 1, 2))
+        s_c.diagonal(w, 1, 2).copy_(total[:, 2])
         # C_L(s, t) = ⊕_j C_L(s, s+j) + I(t -> s+j);  C_R(s, t) = ⊕_j I(s -> s+1+j) + C_R(.., t)
         comp = torch.stack(
             [
@@ -203,12 +205,12 @@ def _second_order_log_charts(
         c_l.diagonal(w, 1, 2).copy_(comp_new[:, 0])
         c_r.diagonal(w, 1, 2).copy_(comp_new[:, 1])
         if keep:
-            kept.append((sib_w, inc_w, comp_w))
+            kept.append((split_w, comp_w))
     return c_r, kept
 
 
 def _second_order_outside(
-    kept: list[tuple[Tensor, Tensor, Tensor]], last: Tensor, grad: Tensor, size: int
+    kept: list[tuple[Tensor, Tensor]], last: Tensor, grad: Tensor, size: int
 ) -> tuple[Tensor, Tensor]:
     """The gradients of ``grad[b] * log Z[b]`` with respect to the arc [B, N, N] and sibling
     [B, N, N, N] scores (``grad`` times the marginals): the splits' weights spread the
@@ -222,7 +224,7 @@ def _second_order_outside(
     g_cr.view(batch, size * size).scatter_(1, last.unsqueeze(-1), grad.unsqueeze(-1))
     for w in range(size - 1, 0, -1):
         n = size - w
-        sib_w, inc_w, comp_w = kept[w - 1]
+        split_w, comp_w = kept[w - 1]
         # the complete spans of width w use incomplete ones of width w (and smaller)
         g = torch.stack([g_cl.diagonal(w, 1, 2), g_cr.diagonal(w, 1, 2)], 1)  # [B, 2, n]
         t = comp_w * g.unsqueeze(-1)  # [B, 2, n, w]
@@ -230,11 +232,13 @@ def _second_order_outside(
         _cells(g_il, n, w, 0, w, step).add_(t[:, 0])
         _cells(g_ir, n, w, 0, 1, 1).add_(t[:, 1])
         _cells(g_cr, n, w, 1, w, step).add_(t[:, 1])
-        # the incomplete spans of width w
-        g = torch.stack([g_ir.diagonal(w, 1, 2), g_il.diagonal(w, 1, 2)], 1)  # [B, 2, n]
+        # the incomplete spans and the sibling pairs of width w
+        g = torch.stack(
+            [g_ir.diagonal(w, 1, 2), g_il.diagonal(w, 1, 2), g_s.diagonal(w, 1, 2)], 1
+        )  # [B, 3, n]
         g_arc.diagonal(w, 1, 2).copy_(g[:, 0])
         g_arc.diagonal(-w, 1, 2).copy_(g[:, 1])
-        t = inc_w * g.unsqueeze(-1)  # [B, 2, n, w]
+        t = split_w * g.unsqueeze(-1)  # [B, 3, n, w]
         g_cl.diagonal(w - 1, 1, 2)[:, 1:].add_(t[:, 0, :, 0])
         g_cr.diagonal(w - 1, 1, 2)[:, :n].add_(t[:, 1, :, 0])
         if w > 1:
@@ -249,10 +253,8 @@ def _second_order_outside(
             g_sib.as_strided(
                 (batch, n, w - 1), (size**3, cube, 1), base + w * size * size + 1
             ).copy_(left)
-        # the sibling pairs of width w
-        t = sib_w * g_s.diagonal(w, 1, 2).unsqueeze(-1)  # [B, n, w]
-        _cells(g_cr, n, w, 0, 0, 1).add_(t)
-        _cells(g_cl, n, w, 1, w, step).add_(t)
+        _cells(g_cr, n, w, 0, 0, 1).add_(t[:, 2])
+        _cells(g_cl, n, w, 1, w, step).add_(t[:, 2])
     return g_arc, g_sib.view(batch, size, size, size)
 
 
