@@ -132,12 +132,12 @@ def second_order_inside(
 
 
 def _cells(x: Tensor, n: int, m: int, row: int, col: int, step: int) -> Tensor:
-    """View [B, n, m] of the chart ``x`` [B, N, N] (contiguous): the cells
+    """View [B, n, m] of the chart ``x`` [B, N, N] (rows contiguous): the cells
     (i + row + j * (step == N), i + col + j * (step == 1)), i.e. ``step`` 1 walks along a
     row (cells (i + row, i + col + j)), ``step`` N down a column (cells (i + row + j, i + col))."""
     size = x.shape[-1]
     offset = x.storage_offset() + row * size + col
-    return x.as_strided((x.shape[0], n, m), (size * size, size + 1, step), offset)
+    return x.as_strided((x.shape[0], n, m), (x.stride(0), size + 1, step), offset)
 
 
 def _weights(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -159,11 +159,12 @@ def _second_order_log_charts(
     step = size
     sibs = sibling_scores.contiguous().view(batch, size**3)
     cube, base = size * size + size + 1, sibs.storage_offset()
-    c_l = arc_scores.new_zeros(batch, size, size)  # C_L(s, t); the diagonal stays 0
-    c_r = arc_scores.new_zeros(batch, size, size)
-    i_r = arc_scores.new_empty(batch, size, size)  # I(s -> t)
-    i_l = arc_scores.new_empty(batch, size, size)  # I(t -> s)
-    s_c = arc_scores.new_empty(batch, size, size)  # S(s, t)
+    charts = arc_scores.new_zeros(batch, 2, size, size)  # C_L(s, t), C_R(s, t); diagonal 0
+    c_l, c_r = charts.unbind(1)
+    spans = arc_scores.new_empty(batch, 3, size, size)  # I(s -> t), I(t -> s), S(s, t)
+    i_r, i_l, s_c = spans.unbind(1)
+    # the arcs of the cells of ``spans``: arc(s, t), arc(t, s), 0
+    arcs = torch.stack([arc_scores, arc_scores.transpose(1, 2), torch.zeros_like(arc_scores)], 1)
     kept = []
     for w in range(1, size):
         n = size - w
@@ -190,20 +191,13 @@ def _second_order_log_charts(
                 (batch, n, w - 1), (size**3, cube, 1), base + w * size * size + 1
             )
         total, split_w = _weights(terms)  # [B, 3, n]: I(s -> t), I(t -> s) without arcs, S
-        torch.add(total[:, 0], arc_scores.diagonal(w, 1, 2), out=i_r.diagonal(w, 1, 2))
-        torch.add(total[:, 1], arc_scores.diagonal(-w, 1, 2), out=i_l.diagonal(w, 1, 2))
-        s_c.diagonal(w, 1, 2).copy_(total[:, 2])
+        torch.add(total, arcs.diagonal(w, 2, 3), out=spans.diagonal(w, 2, 3))
         # C_L(s, t) = ⊕_j C_L(s, s+j) + I(t -> s+j);  C_R(s, t) = ⊕_j I(s -> s+1+j) + C_R(.., t)
-        comp = torch.stack(
-            [
-                _cells(c_l, n, w, 0, 0, 1) + _cells(i_l, n, w, 0, w, step),
-                _cells(i_r, n, w, 0, 1, 1) + _cells(c_r, n, w, 1, w, step),
-            ],
-            1,
-        )  # [B, 2, n, w]
+        comp = arc_scores.new_empty(batch, 2, n, w)
+        torch.add(_cells(c_l, n, w, 0, 0, 1), _cells(i_l, n, w, 0, w, step), out=comp[:, 0])
+        torch.add(_cells(i_r, n, w, 0, 1, 1), _cells(c_r, n, w, 1, w, step), out=comp[:, 1])
         comp_new, comp_w = _weights(comp)
-        c_l.diagonal(w, 1, 2).copy_(comp_new[:, 0])
-        c_r.diagonal(w, 1, 2).copy_(comp_new[:, 1])
+        charts.diagonal(w, 2, 3).copy_(comp_new)
         if keep:
             kept.append((split_w, comp_w))
     return c_r, kept
@@ -217,28 +211,24 @@ def _second_order_outside(
     gradient of each cell to its children, widths down."""
     batch = grad.shape[0]
     step = size
-    g_cl, g_cr, g_ir, g_il, g_s = grad.new_zeros(5, batch, size, size).unbind(0)
-    g_arc = grad.new_zeros(batch, size, size)
+    g_charts = grad.new_zeros(batch, 2, size, size)  # C_L, C_R
+    g_spans = grad.new_zeros(batch, 3, size, size)  # I(s -> t), I(t -> s), S
+    g_cl, g_cr = g_charts.unbind(1)
+    g_ir, g_il, g_s = g_spans.unbind(1)
     g_sib = grad.new_zeros(batch, size**3)
     cube, base = size * size + size + 1, 0
-    g_cr.view(batch, size * size).scatter_(1, last.unsqueeze(-1), grad.unsqueeze(-1))
+    g_cr.select(1, 0).scatter_(1, last.unsqueeze(-1), grad.unsqueeze(-1))  # C_R(0, last)
     for w in range(size - 1, 0, -1):
         n = size - w
         split_w, comp_w = kept[w - 1]
         # the complete spans of width w use incomplete ones of width w (and smaller)
-        g = torch.stack([g_cl.diagonal(w, 1, 2), g_cr.diagonal(w, 1, 2)], 1)  # [B, 2, n]
-        t = comp_w * g.unsqueeze(-1)  # [B, 2, n, w]
+        t = comp_w * g_charts.diagonal(w, 2, 3).unsqueeze(-1)  # [B, 2, n, w]
         _cells(g_cl, n, w, 0, 0, 1).add_(t[:, 0])
         _cells(g_il, n, w, 0, w, step).add_(t[:, 0])
         _cells(g_ir, n, w, 0, 1, 1).add_(t[:, 1])
         _cells(g_cr, n, w, 1, w, step).add_(t[:, 1])
         # the incomplete spans and the sibling pairs of width w
-        g = torch.stack(
-            [g_ir.diagonal(w, 1, 2), g_il.diagonal(w, 1, 2), g_s.diagonal(w, 1, 2)], 1
-        )  # [B, 3, n]
-        g_arc.diagonal(w, 1, 2).copy_(g[:, 0])
-        g_arc.diagonal(-w, 1, 2).copy_(g[:, 1])
-        t = split_w * g.unsqueeze(-1)  # [B, 3, n, w]
+        t = split_w * g_spans.diagonal(w, 2, 3).unsqueeze(-1)  # [B, 3, n, w]
         g_cl.diagonal(w - 1, 1, 2)[:, 1:].add_(t[:, 0, :, 0])
         g_cr.diagonal(w - 1, 1, 2)[:, :n].add_(t[:, 1, :, 0])
         if w > 1:
@@ -255,6 +245,8 @@ def _second_order_outside(
             ).copy_(left)
         _cells(g_cr, n, w, 0, 0, 1).add_(t[:, 2])
         _cells(g_cl, n, w, 1, w, step).add_(t[:, 2])
+    # I(s -> t) = arc(s, t) + ..., I(t -> s) = arc(t, s) + ... (upper triangles only)
+    g_arc = g_ir + g_il.transpose(1, 2)
     return g_arc, g_sib.view(batch, size, size, size)
 
 
