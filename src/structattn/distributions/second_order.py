@@ -9,11 +9,12 @@ from torch import Tensor
 
 from .._precision import autocast_widened
 from .._validation import check_potentials
-from ..semirings import Semiring
+from ..semirings import LogSemiring, Semiring
 from ..structs.dependency import tree_score
 from ..structs.second_order import (
     second_order_inside,
     second_order_kbest,
+    second_order_log_partition,
     second_order_map,
     sibling_indicators,
     sibling_score,
@@ -60,7 +61,10 @@ class SecondOrderDependencyCRF(TreeCRFBase):
     ``log_partition``, ``marginals`` (arcs [B, N, N]) and ``sibling_marginals``
     ([B, N, N, N]), ``entropy``, ``sample(n)`` and ``log_prob(heads)`` (heads LongTensor
     [B, N], ``-1`` at ROOT and padding), all from one inside pass
-    (:func:`structattn.structs.second_order.second_order_inside`) and autograd; ``argmax``
+    (:func:`structattn.structs.second_order.second_order_inside`): log Z's backward (the
+    marginals) is a hand-written outside pass
+    (:func:`structattn.structs.second_order.second_order_log_partition`), differentiable
+    marginals (scores that require grad) are autograd's through the inside pass; ``argmax``
     and ``max_score``: the same pass in the max semiring without autograd, backtracked by
     hand (:func:`structattn.structs.second_order.second_order_map`). Time O(B N^3), N
     sequential steps; memory O(B N^3) (the sibling scores and their gradient).
@@ -104,6 +108,7 @@ class SecondOrderDependencyCRF(TreeCRFBase):
         (sibling_scores,) = tempered_inputs(self.temperature, sibling_scores)
         self.sibling_scores = sibling_scores
         self._raw = (self.arc_scores, sibling_scores)
+        self._by_autograd = False  # log Z by autograd's inside pass (differentiable marginals)
 
     def _parts(self, *raw: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         arc_scores, sibling_scores = raw
@@ -120,7 +125,22 @@ class SecondOrderDependencyCRF(TreeCRFBase):
     def _inside(
         self, semiring: type[Semiring], parts: tuple[Tensor, ...], lengths: Tensor | None
     ) -> Tensor:
+        if semiring is LogSemiring and not self._by_autograd:
+            # the hand-written outside pass as the backward
+            return second_order_log_partition(parts[0], parts[1], lengths)
         return second_order_inside(parts[0], parts[1], lengths, semiring)
+
+    @cached_property
+    def _marginals_tuple(self) -> tuple[Tensor, ...]:
+        if not self._differentiable():  # the marginals by the hand-written outside pass
+            return super()._marginals_tuple
+        # differentiable marginals (create_graph): autograd through the inside pass, whose
+        # graph the double backward needs anyway
+        self._by_autograd = True
+        try:
+            return super()._marginals_tuple
+        finally:
+            self._by_autograd = False
 
     def _to_structure(self, *indicators: Tensor) -> Tensor:
         return super()._to_structure(indicators[0])

@@ -17,24 +17,28 @@ The charts, for s < t (complete spans as in :mod:`structattn.structs.dependency`
 * ``C_R(s, t) = ⊕_{s<r<=t} I(s -> r) + C_R(r, t)``, ``C_L(s, t) = ⊕_{s<=r<t} C_L(s, r) + I(t -> r)``
 
 Each width is one batched step over its N - w spans: time O(B N^3), memory O(B N^2) for the
-charts (O(B N^3) with the sibling scores and autograd's graph).
+charts (O(B N^3) with the sibling scores and autograd's graph). In the log semiring
+:func:`second_order_log_partition` runs the same charts without autograd, keeping each
+width's split weights (O(B N^3)), and its backward is the outside pass by hand.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._precision import full_precision
-from .._validation import last_index
-from ..semirings import Semiring
+from .._validation import is_transformed, last_index, tracing
+from ..semirings import LogSemiring, Semiring
 from .dependency import _arcs_by_width
 from .kbest_trees import _indicators_to_heads, _rank_arcs, _rank_pairs, _top
 
 __all__ = [
     "second_order_inside",
+    "second_order_log_partition",
     "second_order_kbest",
     "second_order_map",
     "sibling_indicators",
@@ -125,6 +129,176 @@ def second_order_inside(
             comp_e = torch.cat([comp[:, :, 1:, None], comp_e[:, :, 1:]], -1)
     top = torch.cat(tops, -1)  # [B, N-1]: C_R(0, w)
     return top.gather(1, (last - 1).unsqueeze(-1)).squeeze(-1)
+
+
+def _cells(x: Tensor, n: int, m: int, row: int, col: int, step: int) -> Tensor:
+    """View [B, n, m] of the chart ``x`` [B, N, N] (rows contiguous): the cells
+    (i + row + j * (step == N), i + col + j * (step == 1)), i.e. ``step`` 1 walks along a
+    row (cells (i + row, i + col + j)), ``step`` N down a column (cells (i + row + j, i + col))."""
+    size = x.shape[-1]
+    offset = x.storage_offset() + row * size + col
+    return x.as_strided((x.shape[0], n, m), (x.stride(0), size + 1, step), offset)
+
+
+def _weights(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(logsumexp over the last dim, the softmax weights), 0 weights where all are -inf."""
+    total = x.logsumexp(-1)
+    safe = total.clamp_min(torch.finfo(x.dtype).min).unsqueeze(-1)
+    return total, (x - safe).exp_()
+
+
+def _second_order_log_charts(
+    arc_scores: Tensor, sibling_scores: Tensor, keep: bool
+) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """The log-semiring charts of :func:`second_order_inside` on full [B, N, N] charts
+    (cell (s, t), s < t) read by strided views, without autograd: returns the chart C_R
+    (log Z of the prefix 0..t is ``C_R[:, 0, t]``) and, if ``keep``, per width w >= 1 the
+    softmax weights of each cell's splits ([B, 3, n, w]: I(s -> t) and I(t -> s) with the
+    first child first, then S; and [B, 2, n, w]: C_L, C_R)."""
+    batch, size, _ = arc_scores.shape
+    step = size
+    sibs = sibling_scores.contiguous().view(batch, size**3)
+    cube, base = size * size + size + 1, sibs.storage_offset()
+    charts = arc_scores.new_zeros(batch, 2, size, size)  # C_L(s, t), C_R(s, t); diagonal 0
+    c_l, c_r = charts.unbind(1)
+    spans = arc_scores.new_empty(batch, 3, size, size)  # I(s -> t), I(t -> s), S(s, t)
+    i_r, i_l, s_c = spans.unbind(1)
+    # the arcs of the cells of ``spans``: arc(s, t), arc(t, s), 0
+    arcs = torch.stack([arc_scores, arc_scores.transpose(1, 2), torch.zeros_like(arc_scores)], 1)
+    kept = []
+    for w in range(1, size):
+        n = size - w
+        # one [B, 3, n, w] tensor of splits, reduced at once:
+        # I(s -> t): first child C_L(s+1, t), or I(s -> r) + S(r, t) + sib(s, t, r)
+        # I(t -> s): first child C_R(s, t-1), or S(s, r) + I(t -> r) + sib(t, s, r)
+        # S(s, t) = ⊕_j C_R(s, s+j) + C_L(s+j+1, t)
+        terms = arc_scores.new_empty(batch, 3, n, w)
+        torch.add(_cells(c_r, n, w, 0, 0, 1), _cells(c_l, n, w, 1, w, step), out=terms[:, 2])
+        terms[:, 0, :, 0] = c_l.diagonal(w - 1, 1, 2)[:, 1:]
+        terms[:, 1, :, 0] = c_r.diagonal(w - 1, 1, 2)[:, :n]
+        if w > 1:
+            rest = terms[:, :, :, 1:]
+            torch.add(
+                _cells(i_r, n, w - 1, 0, 1, 1), _cells(s_c, n, w - 1, 1, w, step), out=rest[:, 0]
+            )
+            torch.add(
+                _cells(s_c, n, w - 1, 0, 1, 1), _cells(i_l, n, w - 1, 1, w, step), out=rest[:, 1]
+            )
+            rest[:, 0] += sibs.as_strided(
+                (batch, n, w - 1), (size**3, cube, 1), base + w * size + 1
+            )
+            rest[:, 1] += sibs.as_strided(
+                (batch, n, w - 1), (size**3, cube, 1), base + w * size * size + 1
+            )
+        total, split_w = _weights(terms)  # [B, 3, n]: I(s -> t), I(t -> s) without arcs, S
+        torch.add(total, arcs.diagonal(w, 2, 3), out=spans.diagonal(w, 2, 3))
+        # C_L(s, t) = ⊕_j C_L(s, s+j) + I(t -> s+j);  C_R(s, t) = ⊕_j I(s -> s+1+j) + C_R(.., t)
+        comp = arc_scores.new_empty(batch, 2, n, w)
+        torch.add(_cells(c_l, n, w, 0, 0, 1), _cells(i_l, n, w, 0, w, step), out=comp[:, 0])
+        torch.add(_cells(i_r, n, w, 0, 1, 1), _cells(c_r, n, w, 1, w, step), out=comp[:, 1])
+        comp_new, comp_w = _weights(comp)
+        charts.diagonal(w, 2, 3).copy_(comp_new)
+        if keep:
+            kept.append((split_w, comp_w))
+    return c_r, kept
+
+
+def _second_order_outside(
+    kept: list[tuple[Tensor, Tensor]], last: Tensor, grad: Tensor, size: int
+) -> tuple[Tensor, Tensor]:
+    """The gradients of ``grad[b] * log Z[b]`` with respect to the arc [B, N, N] and sibling
+    [B, N, N, N] scores (``grad`` times the marginals): the splits' weights spread the
+    gradient of each cell to its children, widths down."""
+    batch = grad.shape[0]
+    step = size
+    g_charts = grad.new_zeros(batch, 2, size, size)  # C_L, C_R
+    g_spans = grad.new_zeros(batch, 3, size, size)  # I(s -> t), I(t -> s), S
+    g_cl, g_cr = g_charts.unbind(1)
+    g_ir, g_il, g_s = g_spans.unbind(1)
+    g_sib = grad.new_zeros(batch, size**3)
+    cube, base = size * size + size + 1, 0
+    g_cr.select(1, 0).scatter_(1, last.unsqueeze(-1), grad.unsqueeze(-1))  # C_R(0, last)
+    for w in range(size - 1, 0, -1):
+        n = size - w
+        split_w, comp_w = kept[w - 1]
+        # the complete spans of width w use incomplete ones of width w (and smaller)
+        t = comp_w * g_charts.diagonal(w, 2, 3).unsqueeze(-1)  # [B, 2, n, w]
+        _cells(g_cl, n, w, 0, 0, 1).add_(t[:, 0])
+        _cells(g_il, n, w, 0, w, step).add_(t[:, 0])
+        _cells(g_ir, n, w, 0, 1, 1).add_(t[:, 1])
+        _cells(g_cr, n, w, 1, w, step).add_(t[:, 1])
+        # the incomplete spans and the sibling pairs of width w
+        t = split_w * g_spans.diagonal(w, 2, 3).unsqueeze(-1)  # [B, 3, n, w]
+        g_cl.diagonal(w - 1, 1, 2)[:, 1:].add_(t[:, 0, :, 0])
+        g_cr.diagonal(w - 1, 1, 2)[:, :n].add_(t[:, 1, :, 0])
+        if w > 1:
+            right, left = t[:, 0, :, 1:], t[:, 1, :, 1:]
+            _cells(g_ir, n, w - 1, 0, 1, 1).add_(right)
+            _cells(g_s, n, w - 1, 1, w, step).add_(right)
+            _cells(g_s, n, w - 1, 0, 1, 1).add_(left)
+            _cells(g_il, n, w - 1, 1, w, step).add_(left)
+            g_sib.as_strided((batch, n, w - 1), (size**3, cube, 1), base + w * size + 1).copy_(
+                right
+            )
+            g_sib.as_strided(
+                (batch, n, w - 1), (size**3, cube, 1), base + w * size * size + 1
+            ).copy_(left)
+        _cells(g_cr, n, w, 0, 0, 1).add_(t[:, 2])
+        _cells(g_cl, n, w, 1, w, step).add_(t[:, 2])
+    # I(s -> t) = arc(s, t) + ..., I(t -> s) = arc(t, s) + ... (upper triangles only)
+    g_arc = g_ir + g_il.transpose(1, 2)
+    return g_arc, g_sib.view(batch, size, size, size)
+
+
+class _SecondOrderLogPartition(torch.autograd.Function):
+    """log Z of :func:`second_order_inside` in the log semiring (forward: the inside pass
+    without an autograd graph, keeping each width's split weights; backward: the outside
+    pass by hand, i.e. the arc and sibling marginals times the incoming gradient). When the
+    backward is itself differentiated (``create_graph``), it is autograd's through
+    :func:`second_order_inside` (any order)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, arc_scores: Tensor, sibling_scores: Tensor, lengths: Tensor | None
+    ) -> Tensor:
+        batch, size, _ = arc_scores.shape
+        last = last_index(lengths, batch, size, arc_scores.device)
+        keep = any(ctx.needs_input_grad[:2])
+        c_r, kept = _second_order_log_charts(arc_scores.detach(), sibling_scores.detach(), keep)
+        ctx.save_for_backward(arc_scores, sibling_scores)
+        ctx.kept, ctx.last, ctx.lengths = kept, last, lengths
+        return c_r[:, 0].gather(1, last.unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        arc_scores, sibling_scores = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiated again: autograd through the inside pass
+            logz = second_order_inside(arc_scores, sibling_scores, ctx.lengths, LogSemiring)
+            g_arc, g_sib = torch.autograd.grad(
+                logz, (arc_scores, sibling_scores), grad, create_graph=True, allow_unused=True
+            )
+        else:
+            g_arc, g_sib = _second_order_outside(ctx.kept, ctx.last, grad, arc_scores.shape[-1])
+        return g_arc, g_sib, None
+
+
+def _plain(x: Tensor) -> bool:
+    """Whether ``x`` is a plain tensor without a forward-mode tangent."""
+    if is_transformed(x):
+        return False
+    return torch.autograd.forward_ad.unpack_dual(x).tangent is None
+
+
+@full_precision
+def second_order_log_partition(
+    arc_scores: Tensor, sibling_scores: Tensor, lengths: Tensor | None
+) -> Tensor:
+    """log Z [B], :func:`second_order_inside` in the log semiring (same arguments) with a
+    hand-written outside pass as its backward (the arc and sibling marginals); under
+    ``torch.func`` transforms, forward-mode AD or tracing it is autograd's (that function)."""
+    if tracing() or torch.jit.is_tracing() or not (_plain(arc_scores) and _plain(sibling_scores)):
+        return second_order_inside(arc_scores, sibling_scores, lengths, LogSemiring)
+    return _SecondOrderLogPartition.apply(arc_scores, sibling_scores, lengths)
 
 
 @full_precision
