@@ -615,11 +615,21 @@ _KERNEL_LABELS = 16
 #: ``benchmarks/chain_labels.py``: benchmarks/README.md, "Chains with 17-26 labels".
 _SHARED_LABELS = 26
 _SHARED_BUFFER = 1 << 20
+#: With ONE torch thread the kernel runs the batch's items one after the other, while the
+#: batched code's [B, C, C] steps vectorise over the batch: there the kernel serves up to
+#: this many labels (``benchmarks/clone_audit.py --only chain --threads 1``, B = 32, v4
+#: clone, a quiet machine: kernels / PyTorch 0.39-0.60 at C = 8-10, 0.59-0.81 at C = 12,
+#: 0.66-1.12 at C = 14, 0.92-1.32 at C = 16 and 1.0-2.4 at C = 20-25 for N = 20-200; with 2
+#: threads 0.32-0.45 at C = 10, 0.55-0.83 at C = 16, 0.65-0.99 at C = 20; benchmarks/README.md,
+#: "Chain kernels by thread count").
+_ONE_THREAD_LABELS = 12
 
 
 def _chain_kernels(unary: Tensor, pairwise: Tensor, method: str) -> Any:
     """The compiled module if it serves this call, else None (the PyTorch code)."""
     batch, n, labels = unary.shape
+    if labels > _ONE_THREAD_LABELS and torch.get_num_threads() == 1:
+        return None
     if labels > _KERNEL_LABELS and (
         pairwise.dim() != 2
         or labels > _SHARED_LABELS
