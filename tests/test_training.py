@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -863,6 +865,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
             (Path(out) / "crash.pt").write_bytes((Path(out) / "checkpoint.pt").read_bytes())
         dist.barrier()
         fit(lm_task(dropout=0.0), config, Path(out), resume=True)
+        dist.barrier()  # as fit does with a group of its own: no rank leaves while a peer sends
     finally:
         dist.destroy_process_group()
 
@@ -873,9 +876,23 @@ def test_ddp_two_processes_match_one(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
     fit(lm_task(dropout=0.0), replace(LM_CONFIG, checkpoint_every=3), tmp_path / "single")
-    mp.start_processes(
-        _ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp")), nprocs=2, start_method="spawn"
-    )
+    for attempt in range(2):
+        try:
+            mp.start_processes(
+                _ddp_worker,
+                args=(2, _free_port(), str(tmp_path / "ddp")),
+                nprocs=2,
+                start_method="spawn",
+            )
+            break
+        except mp.ProcessExitedException as error:
+            # Gloo can abort a process in its own teardown (SIGABRT, "terminate called without
+            # an active exception"; seen once in CI, never here in hundreds of runs): one fresh
+            # try, from scratch. A Python error in a rank is a ProcessRaisedException: no retry.
+            if attempt == 1 or error.signal_name is None:
+                raise
+            warnings.warn(f"DDP run retried: {error}", stacklevel=1)
+            shutil.rmtree(tmp_path / "ddp", ignore_errors=True)
     crash = load_checkpoint(tmp_path / "ddp" / "crash.pt")
     assert (crash["epoch"], crash["batch"], crash["step"]) == (2, 1, 6)
     assert [h.shape for h, _ in crash["carry"]] == [(1, ROWS // 2, 8)] * 2  # rows 0, 2 | 1, 3
