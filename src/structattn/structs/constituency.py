@@ -737,6 +737,15 @@ def _fused(span_scores: Tensor, lengths: Tensor | None) -> bool:
     return torch.autograd.forward_ad.unpack_dual(span_scores).tangent is None
 
 
+def _keep_label_charts(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    """``setup_context`` of the two labelled Functions: the charts their forward stashed,
+    the lengths and the scores."""
+    span_scores, lengths, stash = inputs
+    ctx.charts = stash.value
+    ctx.lengths = lengths
+    ctx.save_for_backward(span_scores)
+
+
 class _CKYLabelledLogPartition(torch.autograd.Function):
     """log Z of labelled span scores [B, N, N, L]: forward the label log-sum-exp and the
     inside pass (no autograd graph), backward the outside pass and the labels' softmax
@@ -751,12 +760,7 @@ class _CKYLabelledLogPartition(torch.autograd.Function):
         stash.value = _label_charts(span_scores.detach(), lengths)
         return stash.value.charts.logz.to(span_scores.dtype)
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        span_scores, lengths, stash = inputs
-        ctx.charts = stash.value
-        ctx.lengths = lengths
-        ctx.save_for_backward(span_scores)
+    setup_context = staticmethod(_keep_label_charts)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
@@ -791,12 +795,7 @@ class _CKYLabelledMarginals(torch.autograd.Function):
         unit = torch.ones_like(c.charts.logz, dtype=span_scores.dtype)
         return _expand_labels(span_scores.detach(), c, lengths, unit)
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        span_scores, lengths, stash = inputs
-        ctx.charts = stash.value
-        ctx.lengths = lengths
-        ctx.save_for_backward(span_scores)
+    setup_context = staticmethod(_keep_label_charts)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
