@@ -887,7 +887,7 @@ def test_ddp_two_processes_match_one(tmp_path: Path) -> None:
             break
         except mp.ProcessExitedException as error:
             # Gloo can abort a process in its own teardown (SIGABRT, "terminate called without
-            # an active exception"; seen once in CI, never here in hundreds of runs): one fresh
+            # an active exception"; seen once in CI, not reproduced here in 15 runs): one fresh
             # try, from scratch. A Python error in a rank is a ProcessRaisedException: no retry.
             if attempt == 1 or error.signal_name is None:
                 raise
