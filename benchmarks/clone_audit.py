@@ -16,14 +16,18 @@ dispatch picks for that size on that clone, whose times are the ``kernels`` colu
 does. Columns: the minimum over repeats (ms) and ``X / PyTorch``, the median over repeats of
 the ratio measured within one repeat (calls back to back); below 1 the kernels are faster.
 
-Operations, float32, B = 32, standard-normal potentials, full lengths:
+Operations, float32, B = 32, standard-normal potentials, full lengths (``--variable-lengths``:
+drawn as ``run.py``'s "var" rows, uniformly from [N/2, N] with one item at N):
 
 * ``tree``    DependencyCRF, N in {10, 20, 40, 63, 64, 65, 80, 81, 96, 97} (positions incl.
   ROOT; 64 / 65 is the kept-weights rule's step at B = 32, 96 / 97 the fused loops' limit):
   ``logz_fb`` (log Z, backward of its sum), ``marg_fb`` (marginals, backward of
   ``(marginals * w).sum()``), ``argmax`` (MAP).
 * ``chain``   LinearChainCRF with one shared [C, C] transition matrix, N in {20, 100, 200},
-  C in {2, 10, 16, 25}: ``logz_fb``, ``marg_fb``.
+  C in {2, 10, 16, 25}: ``logz_fb``, ``marg_fb``. ``--kernel-everywhere`` lifts the chain
+  dispatch's limits (``linear_chain._ONE_THREAD_LABELS``, ``_KERNEL_LABELS``,
+  ``_SHARED_LABELS``, ``_SHARED_BUFFER``), so that ``kernels`` times the kernel itself where
+  the dispatch would pick the PyTorch code (how those limits are measured).
 * ``nonproj`` NonProjectiveDependencyCRF (matrix-tree theorem; MAP by Chu-Liu-Edmonds), N in
   {10, 20, 40, 80}: ``logz_fb``, ``marg_fb``, ``argmax``.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -65,20 +70,42 @@ def _fused_limit(limit: int) -> Iterator[None]:
         dependency._FUSED_SIZES.update(saved)
 
 
-def _ops(section: str, n: int, labels: int, batch: int) -> dict[str, Callable[[], object]]:
+@contextlib.contextmanager
+def _chain_limits_lifted() -> Iterator[None]:
+    """Every chain on the kernel (the dispatch's label, thread and buffer limits lifted)."""
+    from structattn.structs import linear_chain as lc
+
+    names = ("_ONE_THREAD_LABELS", "_KERNEL_LABELS", "_SHARED_LABELS", "_SHARED_BUFFER")
+    saved = {name: getattr(lc, name) for name in names}
+    for name in names:
+        setattr(lc, name, 1 << 40)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(lc, name, value)
+
+
+def _ops(
+    section: str, n: int, labels: int, batch: int, variable: bool = False
+) -> dict[str, Callable[[], object]]:
     """The timed calls of one configuration (fresh leaves, fixed seed)."""
     import torch
 
     import structattn
 
     torch.manual_seed(0)
+    lengths = None
+    if variable:
+        lengths = torch.randint(max(2, n // 2), n + 1, (batch,))
+        lengths[0] = n
     if section == "chain":
         unary = torch.randn(batch, n, labels, requires_grad=True)
         pairwise = torch.randn(labels, labels, requires_grad=True)
         weight = torch.randn(batch, n, labels)
 
         def chain() -> Any:
-            return structattn.LinearChainCRF(unary, pairwise)
+            return structattn.LinearChainCRF(unary, pairwise, lengths=lengths)
 
         leaves: tuple[Any, ...] = (unary, pairwise)
         make: Callable[[], Any] = chain
@@ -89,14 +116,14 @@ def _ops(section: str, n: int, labels: int, batch: int) -> dict[str, Callable[[]
         if section == "tree":
 
             def tree() -> Any:
-                return structattn.DependencyCRF(scores)
+                return structattn.DependencyCRF(scores, lengths=lengths)
 
             make = tree
         else:
             from structattn.distributions.nonprojective import NonProjectiveDependencyCRF
 
             def nonproj() -> Any:
-                return NonProjectiveDependencyCRF(scores)
+                return NonProjectiveDependencyCRF(scores, lengths=lengths)
 
             make = nonproj
 
@@ -216,6 +243,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="projective trees: time only the path the dispatch picks (not both forced)",
     )
+    parser.add_argument(
+        "--variable-lengths",
+        action="store_true",
+        help="lengths uniform in [N/2, N] (one item at N) instead of full lengths",
+    )
+    parser.add_argument(
+        "--kernel-everywhere",
+        action="store_true",
+        help="chains: lift the dispatch's limits, so that 'kernels' times the kernel itself",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
@@ -239,24 +276,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     capability = torch.backends.cpu.get_cpu_capability()
     print(
         f"# kernels' SIMD target {simd_target()}, ATen CPU capability {capability}, "
-        f"{args.threads} thread(s), B = {args.batch}, min of {args.repeats} interleaved repeats"
+        f"MKL_ENABLE_INSTRUCTIONS {os.environ.get('MKL_ENABLE_INSTRUCTIONS', 'unset')}, "
+        f"{args.threads} thread(s), B = {args.batch}, min of {args.repeats} interleaved repeats, "
+        f"{'variable' if args.variable_lengths else 'full'} lengths"
+        + (", chain limits lifted" if args.kernel_everywhere else "")
     )
     print(HEADER, flush=True)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     wanted = set(args.ops.split(",")) if args.ops else None
     labels = [int(c) for c in args.labels.split(",")] if args.labels else None
     rows = []
-    for section in args.only or SECTIONS:
-        for n, c in configs(section, sizes, labels):
-            for op, call in _ops(section, n, c, args.batch).items():
-                if wanted is not None and op not in wanted:
-                    continue
-                forced = not args.dispatch_only
-                row = audit_row(section, n, c, op, call, args.repeats, forced)
-                rows.append(row)
-                print(format_row(row), flush=True)
-                if args.json:
-                    Path(args.json).write_text(json.dumps(rows, indent=1))
+    lifted = _chain_limits_lifted() if args.kernel_everywhere else contextlib.nullcontext()
+    with lifted:
+        for section in args.only or SECTIONS:
+            for n, c in configs(section, sizes, labels):
+                ops = _ops(section, n, c, args.batch, args.variable_lengths)
+                for op, call in ops.items():
+                    if wanted is not None and op not in wanted:
+                        continue
+                    forced = not args.dispatch_only
+                    row = audit_row(section, n, c, op, call, args.repeats, forced)
+                    row["lengths"] = "variable" if args.variable_lengths else "full"
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

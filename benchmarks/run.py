@@ -274,6 +274,7 @@ def machine_info() -> dict[str, Any]:
         "kernel_target": target,  # what the kernels' vector loops run here (None: not loaded)
         "kernel_target_forced": os.environ.get("STRUCTATTN_KERNEL_TARGET"),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "kernels_loaded": built,
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -811,15 +812,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 #: ``--clone``: the ATEN_CPU_CAPABILITY matching each one-target build of the kernels
 CLONE_CAPABILITY = {"v4": "avx512", "v3": "avx2", "default": "default"}
+#: ... and the MKL_ENABLE_INSTRUCTIONS (MKL's BLAS and LAPACK: the LU of the matrix-tree
+#: code, ours and the peers', and every bmm) closest to each level (MKL has no plain SSE2
+#: setting; SSE4_2 is its lowest)
+CLONE_MKL = {"v4": "AVX512", "v3": "AVX2", "default": "SSE4_2"}
 
 
 def force_clone(clone: str | None) -> None:
-    """Select ``--clone``: set STRUCTATTN_KERNEL_TARGET and ATEN_CPU_CAPABILITY before the
-    kernels load and before PyTorch's first CPU kernel picks its level (both are read once)."""
+    """Select ``--clone``: set STRUCTATTN_KERNEL_TARGET, ATEN_CPU_CAPABILITY and (unless set
+    already) MKL_ENABLE_INSTRUCTIONS before the kernels load and before PyTorch's first CPU
+    kernel and MKL's first call pick their level (each is read once)."""
     if clone is None:
         return
     os.environ["STRUCTATTN_KERNEL_TARGET"] = clone
     os.environ["ATEN_CPU_CAPABILITY"] = CLONE_CAPABILITY[clone]
+    os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", CLONE_MKL[clone])
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -943,6 +950,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# kernels' SIMD target {target}"
         + (f" (forced: STRUCTATTN_KERNEL_TARGET={forced})" if forced else "")
         + f", CPU level {m['simd']}, ATen CPU capability {m['aten_capability']}"
+        + (f", MKL_ENABLE_INSTRUCTIONS={m['mkl_instructions']}" if m["mkl_instructions"] else "")
     )
     _say(
         f"# BLAS {m['blas']}, LAPACK {m['lapack']}, "

@@ -328,3 +328,35 @@ def test_quick_rates_carry_a_null_call(quick_results: dict) -> None:
     """The null autograd round trip is measured and far below a real call of ours."""
     call = quick_results["rates"]["call_s"]
     assert 0 < call < max(r["times"]["ours"] for r in quick_results["rows"])
+
+
+def test_clone_audit_times_the_lifted_chain_kernel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks/clone_audit.py --kernel-everywhere --variable-lengths`` times a 30-label
+    chain (beyond every dispatch limit) on the kernel, and the limits come back after."""
+    if not _kernels_built():
+        pytest.skip("the C++ kernels are not built here: clone_audit.py has nothing to compare")
+    from structattn.structs import linear_chain as lc
+
+    module = _load_script("clone_audit.py")
+    limits = (lc._ONE_THREAD_LABELS, lc._KERNEL_LABELS, lc._SHARED_LABELS, lc._SHARED_BUFFER)
+    out = tmp_path / "audit.json"
+    argv = ["--only", "chain", "--sizes", "6", "--labels", "3,30", "--ops", "logz_fb"]
+    argv += ["--repeats", "1", "--batch", "4", "--variable-lengths", "--kernel-everywhere"]
+    threads = torch.get_num_threads()
+    try:
+        assert module.main([*argv, "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert (lc._ONE_THREAD_LABELS, lc._KERNEL_LABELS, lc._SHARED_LABELS, lc._SHARED_BUFFER) == (
+        limits
+    )
+    unary, pairwise = torch.zeros(4, 6, 30), torch.zeros(30, 30)
+    assert lc._chain_kernels(unary, pairwise, "auto") is None  # 30 labels: PyTorch code
+    with module._chain_limits_lifted():
+        assert lc._chain_kernels(unary, pairwise, "auto") is not None
+    rows = json.loads(out.read_text())
+    assert [(r["labels"], r["lengths"]) for r in rows] == [(3, "variable"), (30, "variable")]
+    assert all(math.isfinite(r["kernels/pytorch"]) and r["kernels_ms"] > 0 for r in rows)
+    assert "variable lengths, chain limits lifted" in capsys.readouterr().out

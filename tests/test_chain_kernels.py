@@ -218,10 +218,14 @@ def test_kernels_single_position() -> None:
 
 @pytest.mark.usefixtures("chain_kernels")
 def test_more_labels_served_only_with_a_small_buffer() -> None:
-    """17-26 labels with a shared matrix: served while [B, N-1, C, C] holds at most 2^20
-    elements (the kernel's double buffer); not with one matrix per step; with one torch
-    thread not above 12 labels (the batched code is faster there)."""
+    """17-22 labels with a shared matrix: served while [B, N-1, C, C] holds at most 2^20
+    elements (the kernel's double buffer); not with one matrix per step nor above 22 labels;
+    with one torch thread not above 12 labels (the batched code is faster there)."""
     torch.set_num_threads(2)
+    assert linear_chain._chain_kernels(torch.zeros(32, 20, 22), torch.zeros(22, 22), "auto")
+    assert (
+        linear_chain._chain_kernels(torch.zeros(32, 20, 23), torch.zeros(23, 23), "auto") is None
+    )
     pairwise = torch.zeros(20, 20)
     small = torch.zeros(32, 80, 20)  # 32 * 79 * 400 = 1.01M
     large = torch.zeros(32, 83, 20)  # 1.06M

@@ -45,7 +45,23 @@ inline void swap_lane(Lanes& x, Lanes& y, int64_t lane) {
 // LAPACK's but for rounding near ties; their log-magnitudes are added to logdet[lane]);
 // swaps [n * kLanes] is scratch. A zero pivot (a singular matrix) leaves inf or NaN
 // entries, which the caller's condition-number test rejects.
-STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
+// The row operations compute on the kLanes lanes as kLanes / P native vectors of P doubles
+// (P = 8 on x86-64-v4, 4 on x86-64-v3, 2 on baseline x86-64: one instantiation per target,
+// below), each a register: on a Lanes (512 bits) without AVX-512, GCC moved every result
+// through the stack and stored it back in 16-byte pieces, which made the v3 and baseline
+// clones about twice as slow as the v4 clone (#42; the fused Eisner loops had the same
+// trouble: _eisner.cpp, Pack).
+template <int P>
+__attribute__((always_inline)) inline void gauss_jordan_lanes(Lanes* a, int64_t n,
+                                                              double* logdet, int64_t* swaps) {
+  typedef double Part __attribute__((vector_size(P * sizeof(double)), aligned(8)));
+  constexpr int kParts = kLanes / P;
+  // part q of element e of the matrix (a vector of doubles may alias the doubles of a Lanes:
+  // GCC's and clang's vector types take the alias set of their element type)
+  double* base = reinterpret_cast<double*>(a);
+  auto part = [base](int64_t e, int q) -> Part& {
+    return *reinterpret_cast<Part*>(base + e * kLanes + q * P);
+  };
   for (int64_t k = 0; k < n; ++k) {
     Lanes* row = a + k * n;
     for (int64_t lane = 0; lane < kLanes; ++lane) {  // pivot: largest |a[i][k]|, i >= k
@@ -62,15 +78,30 @@ STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t
       for (int64_t j = 0; p != k && j < n; ++j) swap_lane(row[j], a[p * n + j], lane);
       logdet[lane] += std::log(std::abs(row[k][lane]));
     }
-    const Lanes scale = 1.0 / row[k];
-    row[k] = Lanes{} + 1.0;  // the pivot's column becomes that of the inverse
-    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+    const int64_t pivot = k * n;  // row k's first element
+    Part scale[kParts];
+#pragma GCC unroll 8
+    for (int q = 0; q < kParts; ++q) {
+      scale[q] = 1.0 / part(pivot + k, q);
+      part(pivot + k, q) = Part{} + 1.0;  // the pivot's column becomes that of the inverse
+    }
+    for (int64_t j = 0; j < n; ++j) {
+#pragma GCC unroll 8
+      for (int q = 0; q < kParts; ++q) part(pivot + j, q) *= scale[q];
+    }
     for (int64_t i = 0; i < n; ++i) {
       if (i == k) continue;
-      Lanes* other = a + i * n;
-      const Lanes factor = other[k];
-      other[k] = Lanes{};
-      for (int64_t j = 0; j < n; ++j) other[j] -= factor * row[j];
+      const int64_t other = i * n;
+      Part factor[kParts];
+#pragma GCC unroll 8
+      for (int q = 0; q < kParts; ++q) {
+        factor[q] = part(other + k, q);
+        part(other + k, q) = Part{};
+      }
+      for (int64_t j = 0; j < n; ++j) {
+#pragma GCC unroll 8
+        for (int q = 0; q < kParts; ++q) part(other + j, q) -= factor[q] * part(pivot + j, q);
+      }
     }
   }
   for (int64_t k = n - 1; k >= 0; --k) {  // the row swaps become column swaps of the inverse
@@ -80,6 +111,34 @@ STRUCTATTN_CLONES void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t
     }
   }
 }
+
+// gauss_jordan_lanes with the width of the target the CPU runs (function multiversioning
+// with the targets of STRUCTATTN_CLONES, _kernels.h), or of a one-target build's -march
+#ifdef STRUCTATTN_HAS_CLONES
+__attribute__((target("arch=x86-64-v4"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
+                                                            int64_t* swaps) {
+  gauss_jordan_lanes<8>(a, n, logdet, swaps);
+}
+__attribute__((target("arch=x86-64-v3"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
+                                                            int64_t* swaps) {
+  gauss_jordan_lanes<4>(a, n, logdet, swaps);
+}
+__attribute__((target("default"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
+                                                     int64_t* swaps) {
+  gauss_jordan_lanes<2>(a, n, logdet, swaps);
+}
+#else
+#if defined(__AVX512F__)
+constexpr int kGaussJordanWidth = 8;
+#elif defined(__AVX__)
+constexpr int kGaussJordanWidth = 4;
+#else
+constexpr int kGaussJordanWidth = 2;
+#endif
+void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
+  gauss_jordan_lanes<kGaussJordanWidth>(a, n, logdet, swaps);
+}
+#endif
 
 // The Laplacians of ``weights`` [B, N, n] (as in _laplacian of nonprojective.py; ``padding``
 // [B, n] or nullptr: 1 at padding words), inverted kLanes at a time (the last group padded

@@ -42,6 +42,7 @@ from .._validation import differentiated, is_transformed, outer_jvp, tensor_cach
 
 __all__ = [
     "Stash",
+    "batch_dot",
     "is_batched",
     "differentiated",
     "is_transformed",
@@ -52,6 +53,20 @@ __all__ = [
     "tensor_cache",
     "vmap_by_folding",
 ]
+
+
+def batch_dot(*pairs: tuple[Tensor, Tensor | None]) -> Tensor:
+    """Sum over ``pairs`` of each item's inner product: ``sum_k <a_k[b], t_k[b]>`` [B] for
+    ``(a_k, t_k)`` with ``a_k`` [B, ...]; pairs whose ``t_k`` is None (an input without
+    tangent or gradient) add nothing. The jvp of a log partition function (the marginals
+    against the tangents) and the gradient of a seed (the marginals against the incoming
+    gradient) are this."""
+    out = None
+    for a, t in pairs:
+        if t is not None:
+            term = (a * t).flatten(1).sum(-1)
+            out = term if out is None else out + term
+    return pairs[0][0].new_zeros(pairs[0][0].shape[0]) if out is None else out
 
 
 class Stash:

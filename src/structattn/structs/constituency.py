@@ -33,6 +33,7 @@ from ._extension import kernels as compiled_kernels
 from ._library import cky_ops, tracing
 from ._ops import (
     Stash,
+    batch_dot,
     differentiated,
     is_transformed,
     outer_jvp,
@@ -366,7 +367,7 @@ class _CKYLogPartition(torch.autograd.Function):
             seed = span_scores.new_ones(span_scores.shape[0])
             charts = None if differentiated(span_scores) else ctx.charts
             marginals = _CKYMarginals.apply(span_scores, seed, lengths, charts, Stash())
-            return (marginals * tangent).flatten(1).sum(-1)
+            return batch_dot((marginals, tangent))
 
         (span_scores,) = ctx.saved_tensors
         return outer_jvp(body, span_scores, ctx.lengths, tangent)

@@ -35,6 +35,7 @@ from ._extension import loaded_target
 from ._library import tracing, tree_ops
 from ._ops import (
     Stash,
+    batch_dot,
     differentiated,
     is_transformed,
     outer_jvp,
@@ -649,7 +650,7 @@ class _EisnerLogPartition(torch.autograd.Function):
             marginals = _EisnerMarginals.apply(
                 arc_scores, seed, charts, lengths, ctx.multiroot, kernels, Stash()
             )
-            return (marginals * tangent).flatten(1).sum(-1)
+            return batch_dot((marginals, tangent))
 
         (arc_scores,) = ctx.saved_tensors
         return outer_jvp(body, arc_scores, ctx.lengths, tangent)

@@ -23,6 +23,7 @@ from ._extension import kernels as compiled_kernels
 from ._library import chain_ops, tracing
 from ._ops import (
     Stash,
+    batch_dot,
     differentiated,
     is_transformed,
     outer_jvp,
@@ -609,19 +610,20 @@ def _hvp_by_autograd(
 _KERNEL_LABELS = 16
 #: ... and, for one [C, C] matrix shared by every step (exponentiated once: C multiply-adds
 #: per label and step), up to _SHARED_LABELS labels while the kernel's [B, N-1, C, C] double
-#: buffer holds at most _SHARED_BUFFER elements (8 MiB): with 25 labels the kernel mostly
-#: wins up to N = 50 (variable lengths most, the batched code running every item to the
-#: longest), is even with it from N = 100 and loses at 32 labels. The timings, from
-#: ``benchmarks/chain_labels.py``: benchmarks/README.md, "Chains with 17-26 labels".
-_SHARED_LABELS = 26
+#: buffer holds at most _SHARED_BUFFER elements (8 MiB). With two threads, B = 32 and
+#: N = 20-50 the kernel takes 0.42-0.93x the batched code's time up to 22 labels on every
+#: SIMD clone (one row of 80: 1.09), and with 24-26 labels up to 1.05-1.13x for full lengths
+#: at N = 40-50 (``benchmarks/clone_audit.py --only chain --kernel-everywhere --threads 2``;
+#: benchmarks/README.md, "Chain kernels by thread count").
+_SHARED_LABELS = 22
 _SHARED_BUFFER = 1 << 20
 #: With ONE torch thread the kernel runs the batch's items one after the other, while the
 #: batched code's [B, C, C] steps vectorise over the batch: there the kernel serves up to
 #: this many labels (``benchmarks/clone_audit.py --only chain --threads 1``, B = 32, v4
 #: clone, a quiet machine: kernels / PyTorch 0.39-0.60 at C = 8-10, 0.59-0.81 at C = 12,
 #: 0.66-1.12 at C = 14, 0.92-1.32 at C = 16 and 1.0-2.4 at C = 20-25 for N = 20-200; with 2
-#: threads 0.32-0.45 at C = 10, 0.55-0.83 at C = 16, 0.65-0.99 at C = 20; benchmarks/README.md,
-#: "Chain kernels by thread count").
+#: threads 0.32-0.45 at C = 10, 0.42-0.60 at C = 16, 0.48-0.85 at C = 20 on every clone;
+#: benchmarks/README.md, "Chain kernels by thread count").
 _ONE_THREAD_LABELS = 12
 
 
@@ -718,12 +720,7 @@ class _ChainLogPartition(torch.autograd.Function):
             t_pair: Tensor | None,
         ) -> Tensor:
             node, edge = _ChainMarginals.apply(unary, pairwise, lengths, True, ctx.method, Stash())
-            out = unary.new_zeros(unary.shape[0])
-            if t_unary is not None:
-                out = out + (node * t_unary).flatten(1).sum(-1)
-            if t_pair is not None:
-                out = out + (edge * t_pair).flatten(1).sum(-1)
-            return out
+            return batch_dot((node, t_unary), (edge, t_pair))
 
         unary, pairwise = ctx.saved_tensors[:2]
         return outer_jvp(body, unary, pairwise, ctx.lengths, t_unary, t_pair)

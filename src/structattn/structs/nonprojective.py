@@ -79,6 +79,7 @@ from ..semirings import logsumexp
 from ._extension import kernels as host_kernels
 from ._library import tracing, tree_ops
 from ._ops import (
+    batch_dot,
     differentiated,
     is_transformed,
     outer_jvp,
@@ -530,7 +531,7 @@ class _LogPartition(torch.autograd.Function):
         # differentiate it (_ops.outer_jvp)
         def body(t_scores: Tensor, *saved: Tensor) -> Tensor:
             marginals = _TreeMarginals.apply(*saved, ctx.multiroot)
-            return (marginals * t_scores).flatten(1).sum(-1)
+            return batch_dot((marginals, t_scores))
 
         return outer_jvp(body, t_scores, *ctx.saved_tensors)
 

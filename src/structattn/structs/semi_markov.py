@@ -45,6 +45,7 @@ from ._extension import kernels as compiled_kernels
 from ._library import semi_markov_ops, tracing
 from ._ops import (
     Stash,
+    batch_dot,
     differentiated,
     is_transformed,
     outer_jvp,
@@ -434,12 +435,7 @@ class _SemiMarkovLogPartition(torch.autograd.Function):
             segs, pairs = _SemiMarkovMarginals.apply(
                 segment_scores, transitions, seed, lengths, probs, Stash()
             )
-            out = torch.zeros_like(seed)
-            if t_seg is not None:
-                out = out + (segs * t_seg).flatten(1).sum(-1)
-            if t_trans is not None:
-                out = out + (pairs * t_trans).flatten(1).sum(-1)
-            return out
+            return batch_dot((segs, t_seg), (pairs, t_trans))
 
         segment_scores, transitions = ctx.saved_tensors
         return outer_jvp(body, segment_scores, transitions, ctx.lengths, t_seg, t_trans)
@@ -605,8 +601,7 @@ class _SemiMarkovMarginals(torch.autograd.Function):
         probs, out = _SemiMarkovMarginals._state(ctx, segment_scores, transitions)
         g_seed = None
         if ctx.needs_input_grad[2]:
-            g_seed = (g_seg * out.segments).flatten(1).sum(-1)
-            g_seed = g_seed + (g_trans * out.transitions).flatten(1).sum(-1)
+            g_seed = batch_dot((out.segments, g_seg), (out.transitions, g_trans))
         if not wanted:
             return None, None, g_seed, *nones
         h_seg, h_trans = _hvp(probs, out, g_seg, g_trans)
