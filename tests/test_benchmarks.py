@@ -360,3 +360,19 @@ def test_clone_audit_times_the_lifted_chain_kernel(
     assert [(r["labels"], r["lengths"]) for r in rows] == [(3, "variable"), (30, "variable")]
     assert all(math.isfinite(r["kernels/pytorch"]) and r["kernels_ms"] > 0 for r in rows)
     assert "variable lengths, chain limits lifted" in capsys.readouterr().out
+
+
+def test_gauss_jordan_script_times_both_inversions(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/gauss_jordan.py`` prints both inversions' times for each size."""
+    if not _kernels_built():
+        pytest.skip("the C++ kernels are not built here: gauss_jordan.py has nothing to time")
+    module = _load_script("gauss_jordan.py")
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--sizes", "5,9", "--calls", "1", "--batch", "3", "--threads", "1"]
+        assert module.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# kernels' SIMD target") and len(lines) == 3
+    assert all("Gauss-Jordan" in line and "LAPACK" in line for line in lines[1:])

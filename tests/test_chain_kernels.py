@@ -223,9 +223,7 @@ def test_more_labels_served_only_with_a_small_buffer() -> None:
     with one torch thread not above 12 labels (the batched code is faster there)."""
     torch.set_num_threads(2)
     assert linear_chain._chain_kernels(torch.zeros(32, 20, 22), torch.zeros(22, 22), "auto")
-    assert (
-        linear_chain._chain_kernels(torch.zeros(32, 20, 23), torch.zeros(23, 23), "auto") is None
-    )
+    assert linear_chain._chain_kernels(torch.zeros(32, 20, 23), torch.zeros(23, 23), "auto") is None
     pairwise = torch.zeros(20, 20)
     small = torch.zeros(32, 80, 20)  # 32 * 79 * 400 = 1.01M
     large = torch.zeros(32, 83, 20)  # 1.06M
