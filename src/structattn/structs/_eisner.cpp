@@ -801,13 +801,15 @@ STRUCTATTN_INLINE void fused_inside_lanes(Group& g, const Vec* a, int64_t size, 
                                           int64_t kept) {
   using V = Pack<P>;
   const int64_t nn = size * size;
-  const std::vector<int64_t> base = term_bases(size);
+  // (the spans s + w < span only: the weights are packed for the group's span, not the
+  // charts' stride)
+  const std::vector<int64_t> base = term_bases(g.span);
   g.chart = Buffer(4 * nn);  // every entry read is written first
-  kept = g.kept = std::max<int64_t>(0, std::min(kept, size - 1));
+  kept = g.kept = std::max<int64_t>(0, std::min(kept, g.span - 1));
   const int64_t stride = base[kept + 1];  // the kept weights of one sum
   if (kept > 0) g.weights = Buffer(3 * stride);
-  if (kept < size - 1) g.inner = Buffer(nn);
-  Buffer scratch = kept < size - 1 ? Buffer(3 * size) : Buffer();  // the others' weights
+  if (kept < g.span - 1) g.inner = Buffer(nn);
+  Buffer scratch = kept < g.span - 1 ? Buffer(3 * size) : Buffer();  // the others' weights
   Vec* ch = g.chart.get();
   Vec* cr = ch + kCR * nn;
   Vec* cl = ch + kCL * nn;
@@ -926,7 +928,7 @@ template <int P>
 STRUCTATTN_INLINE void fused_outside_lanes(const Group& g, Vec* grad, int64_t size) {
   using V = Pack<P>;
   const int64_t nn = size * size;
-  const std::vector<int64_t> base = term_bases(size);
+  const std::vector<int64_t> base = term_bases(g.span);
   Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
   Vec* cr = grad + kCR * nn;
   Vec* cl = grad + kCL * nn;
@@ -984,7 +986,7 @@ STRUCTATTN_INLINE void fused_hvp_lanes(const Group& g, const Vec* grad, const Ve
                                        Vec* d_grad, int64_t size) {
   using V = Pack<P>;
   const int64_t nn = size * size;
-  const std::vector<int64_t> base = term_bases(size);
+  const std::vector<int64_t> base = term_bases(g.span);
   Buffer scratch(3 * size);  // not std::vector<Vec>: a template argument drops aligned(8)
   Vec* tcr = tan + kCR * nn;
   Vec* tcl = tan + kCL * nn;
@@ -1036,29 +1038,46 @@ STRUCTATTN_PER_TARGET(fused_hvp,
                        int64_t size),
                       (g, grad, d, tan, d_grad, size))
 
+// The row stride of the fused path's [N, N] charts and lanes: N, or a little more where N
+// rows of eight-tree vectors (64 bytes each) come to about a multiple of 4 KB (N mod 64 in
+// {0, 1, 2}): there the column walks of the loops (one row per step) fell on the same cache
+// sets and 4 KB store-to-load aliasing, and N = 64-66 took twice the time of N = 63 or 67
+// (#42; benchmarks/README.md, "Wave 6"). The loops stop at each group's span, so the padding
+// rows and columns cost memory only.
+int64_t chart_stride(int64_t size) {
+  int64_t ld = size;
+  while (ld % 64 <= 2 && ld >= 64) ++ld;
+  return ld;
+}
+
 // the [N, N] matrices src[item] (contiguous, float or double) of the given items into lanes
+// [ld, ld] (ld: chart_stride(N); the padding zero)
 template <typename scalar_t>
-std::vector<Vec> to_lanes(const scalar_t* src, const std::vector<int64_t>& items, int64_t nn) {
-  std::vector<Vec> out(nn, splat(0.0));
+std::vector<Vec> to_lanes(const scalar_t* src, const std::vector<int64_t>& items, int64_t size,
+                          int64_t ld) {
+  const int64_t nn = size * size;
+  std::vector<Vec> out(ld * ld, splat(0.0));
   for (size_t l = 0; l < items.size(); ++l)
-    for (int64_t k = 0; k < nn; ++k) out[k][l] = src[items[l] * nn + k];
+    for (int64_t h = 0; h < size; ++h)
+      for (int64_t m = 0; m < size; ++m) out[h * ld + m][l] = src[items[l] * nn + h * size + m];
   return out;
 }
 
-// The arcs' entries of charts (IR(s, t) -> [s][t], IL(s, t) -> [t][s], t < span) into the
-// [N, N] matrices dst[item] (contiguous, double, zeroed), times seed[item] if given.
-void from_lanes(const Vec* charts, int64_t size, int64_t span, const std::vector<int64_t>& items,
-                const double* seed, double* dst) {
-  const int64_t nn = size * size;
-  const Vec* ir = charts + kIR * nn;
-  const Vec* il = charts + kIL * nn;
+// The arcs' entries of charts [4, ld, ld] (IR(s, t) -> [s][t], IL(s, t) -> [t][s],
+// t < span) into the [N, N] matrices dst[item] (contiguous, double, zeroed), times
+// seed[item] if given.
+void from_lanes(const Vec* charts, int64_t size, int64_t ld, int64_t span,
+                const std::vector<int64_t>& items, const double* seed, double* dst) {
+  const int64_t nn = size * size, area = ld * ld;
+  const Vec* ir = charts + kIR * area;
+  const Vec* il = charts + kIL * area;
   for (size_t l = 0; l < items.size(); ++l) {
     const int64_t item = items[l];
     const double scale = seed ? seed[item] : 1.0;
     for (int64_t s = 0; s < span; ++s)
       for (int64_t t = s + 1; t < span; ++t) {
-        dst[item * nn + s * size + t] = ir[s * size + t][l] * scale;
-        dst[item * nn + t * size + s] = il[s * size + t][l] * scale;
+        dst[item * nn + s * size + t] = ir[s * ld + t][l] * scale;
+        dst[item * nn + t * size + s] = il[s * ld + t][l] * scale;
       }
   }
 }
@@ -1243,7 +1262,8 @@ struct EisnerState {
 #ifdef STRUCTATTN_FUSED_EISNER
   std::vector<std::vector<Group>> fused;  // per chunk (fused path; chunks is then empty)
   Tensor logz;                            // [B] (fused path)
-  int64_t size = 0;
+  int64_t size = 0;  // N of the batch
+  int64_t ld = 0;    // the charts' row stride (chart_stride)
 #endif
 
   // the chunks' results [k, ...] (their items in chunk order) in batch order: concatenated
@@ -1288,7 +1308,9 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
   const int64_t size = arcs.size(1);
 #ifdef STRUCTATTN_FUSED_EISNER
   if (fused) {
+    const int64_t ld = chart_stride(size);
     state->size = size;
+    state->ld = ld;
     state->fused.resize(count);
     const Tensor ends = last.to(at::kLong).contiguous();
     const int64_t* lp = ends.data_ptr<int64_t>();
@@ -1300,8 +1322,8 @@ std::shared_ptr<EisnerState> eisner_inside(const Tensor& arc_scores, const Tenso
       const std::vector<int64_t>& mine = items[i];
       for (size_t first = 0; first < mine.size(); first += kTrees) {
         Group g = make_group(mine, first, lp);
-        const std::vector<Vec> a = to_lanes(ap, g.items, size * size);
-        fused_inside(g, a.data(), size, multiroot, kept_widths);
+        const std::vector<Vec> a = to_lanes(ap, g.items, size, ld);
+        fused_inside(g, a.data(), ld, multiroot, kept_widths);
         for (size_t l = 0; l < g.items.size(); ++l)  // CR(0, last)
           zp[g.items[l]] = g.chart[lp[g.items[l]]][l];
         state->fused[i].push_back(std::move(g));
@@ -1354,7 +1376,7 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
   if (keep) kept = std::make_shared<EisnerOutside>();
 #ifdef STRUCTATTN_FUSED_EISNER
   if (!state.fused.empty()) {
-    const int64_t size = state.size, nn = size * size;
+    const int64_t size = state.size, ld = state.ld, nn = ld * ld;
     if (keep) kept->fused.resize(count);
     const Tensor seeds = seed.to(at::kDouble).contiguous();
     const double* sp = seeds.data_ptr<double>();
@@ -1365,8 +1387,8 @@ std::pair<Tensor, std::shared_ptr<EisnerOutside>> outside_pass(const EisnerState
         Buffer grad = std::move(Buffer(4 * nn).zero());
         for (size_t l = 0; l < g.items.size(); ++l)  // d log Z / d CR(0, last) = 1
           grad[kCR * nn + static_cast<int64_t>(g.last[l])][l] = 1.0;
-        fused_outside(g, grad.get(), size);
-        from_lanes(grad.get(), size, g.span, g.items, sp, op);
+        fused_outside(g, grad.get(), ld);
+        from_lanes(grad.get(), size, ld, g.span, g.items, sp, op);
         if (keep) kept->fused[i].push_back(std::move(grad));
       }
     });
@@ -1399,7 +1421,7 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
   if (!state.fused.empty()) {
     TORCH_CHECK(outside_charts.fused.size() == state.fused.size(),
                 "eisner_hvp: the outside charts come from another batch");
-    const int64_t size = state.size, nn = size * size;
+    const int64_t size = state.size, ld = state.ld, nn = ld * ld;
     Tensor out = at::zeros({dirs.size(0), size, size}, dirs.options().dtype(at::kDouble));
     double* op = out.data_ptr<double>();
     const Tensor dirs_d = dirs.to(at::kDouble).contiguous();
@@ -1409,10 +1431,10 @@ Tensor eisner_hvp(const EisnerState& state, const EisnerOutside& outside_charts,
       Buffer tan = std::move(Buffer(5 * nn).zero()), d_grad(4 * nn);  // tan: its diagonal stays 0
       for (size_t k = 0; k < groups.size(); ++k) {
         const Group& g = groups[k];
-        const std::vector<Vec> d = to_lanes(dp, g.items, nn);
+        const std::vector<Vec> d = to_lanes(dp, g.items, size, ld);
         d_grad.zero();
-        fused_hvp(g, outside_charts.fused[i][k].get(), d.data(), tan.get(), d_grad.get(), size);
-        from_lanes(d_grad.get(), size, g.span, g.items, nullptr, op);
+        fused_hvp(g, outside_charts.fused[i][k].get(), d.data(), tan.get(), d_grad.get(), ld);
+        from_lanes(d_grad.get(), size, ld, g.span, g.items, nullptr, op);
       }
     });
     return out.to(dirs.scalar_type());
@@ -1439,7 +1461,8 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
               "arc_scores must be [B, N, N]");
   TORCH_CHECK(arc_scores.scalar_type() == at::kFloat || arc_scores.scalar_type() == at::kDouble,
               "arc_scores must be float32 or float64");
-  const int64_t batch = arc_scores.size(0), size = arc_scores.size(1), nn = size * size;
+  const int64_t batch = arc_scores.size(0), size = arc_scores.size(1);
+  const int64_t ld = chart_stride(size), nn = ld * ld;
   const Tensor arcs = arc_scores.contiguous();  // read as is: no double copy
   const Tensor ends = last.to(at::kLong).contiguous();
   const int64_t* lp = ends.data_ptr<int64_t>();
@@ -1457,13 +1480,14 @@ std::pair<Tensor, Tensor> eisner_map(const Tensor& arc_scores, const Tensor& las
     Buffer chart(4 * nn), best(3 * nn);
     for (size_t first = 0; first < mine.size(); first += kTrees) {
       const Group g = make_group(mine, first, lp);  // its charts: this chunk's buffers
-      std::vector<Vec> a = single ? to_lanes(fp, g.items, nn) : to_lanes(dp, g.items, nn);
-      for (int64_t h = 0; h < size; ++h) a[h * size] = splat(kNegInf);  // no arc into ROOT
-      fused_max(chart.get(), best.get(), a.data(), g.last, size, g.span, multiroot);
+      std::vector<Vec> a =
+          single ? to_lanes(fp, g.items, size, ld) : to_lanes(dp, g.items, size, ld);
+      for (int64_t h = 0; h < size; ++h) a[h * ld] = splat(kNegInf);  // no arc into ROOT
+      fused_max(chart.get(), best.get(), a.data(), g.last, ld, g.span, multiroot);
       for (size_t l = 0; l < g.items.size(); ++l) {
         const int64_t item = g.items[l], end = lp[item];
         zp[item] = chart[kCR * nn + end][l];  // CR(0, last)
-        fused_backtrack(best.get(), size, static_cast<int64_t>(l), end, hp + item * size);
+        fused_backtrack(best.get(), ld, static_cast<int64_t>(l), end, hp + item * size);
       }
     }
   });
