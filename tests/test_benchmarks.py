@@ -376,3 +376,22 @@ def test_gauss_jordan_script_times_both_inversions(capsys: pytest.CaptureFixture
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# kernels' SIMD target") and len(lines) == 3
     assert all("Gauss-Jordan" in line and "LAPACK" in line for line in lines[1:])
+
+
+def test_steady_sizes_script_times_both_weight_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/steady_sizes.py`` prints kept and recomputed times for each size and
+    leaves the kept-weights budget as it was."""
+    from structattn.structs import dependency
+
+    budget = dependency._CACHE_ELEMENTS
+    module = _load_script("steady_sizes.py")
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--sizes", "5,7", "--rounds", "1", "--calls", "1", "--batch", "2"]
+        assert module.main([*argv, "--threads", "1", "--op", "marg_fb"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert dependency._CACHE_ELEMENTS == budget
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "marg_fb" in lines[0]
+    assert all("kept" in line and "recomputed" in line for line in lines[1:])
