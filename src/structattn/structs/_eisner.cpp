@@ -451,13 +451,13 @@ inline Vec splat(double x) { return Vec{} + x; }
 
 // The fused loops compute on Pack<P>: the kTrees lanes of a Vec as kTrees / P vectors of P
 // doubles, P the widest vector the clone computes in (8 on x86-64-v4, 4 on x86-64-v3, 2 on
-// baseline x86-64: one instantiation per target, STRUCTATTN_PER_TARGET below). Without
-// AVX-512, GCC keeps a Vec (512 bits) in memory, not registers, moves it through the stack
-// between operations (mixed-width stores and loads that stall store forwarding) and does
-// its comparisons and selects lane by lane with scalar code and branches: what made the
-// x86-64-v3 and baseline clones of the fused path several times slower than the v4 clone
-// (#42). Each part of a Pack is a native vector in a register, loaded from and stored to
-// the Vec charts (same layout) part by part.
+// baseline x86-64: one instantiation per target, STRUCTATTN_PER_TARGET in _kernels.h).
+// Without AVX-512, GCC keeps a Vec (512 bits) in memory, not registers, moves it through
+// the stack between operations (mixed-width stores and loads that stall store forwarding)
+// and does its comparisons and selects lane by lane with scalar code and branches: what
+// made the x86-64-v3 and baseline clones of the fused path several times slower than the v4
+// clone (#42). Each part of a Pack is a native vector in a register, loaded from and stored
+// to the Vec charts (same layout) part by part.
 // Only operations every clone has as vector instructions: no conversion between double and
 // int64 lanes (AVX-512DQ only) and no arithmetic right shift of int64 lanes (AVX-512F
 // only). Integers in [-2^51, 2^51] go between the two by the magic number 1.5 * 2^52: the
@@ -583,25 +583,7 @@ STRUCTATTN_INLINE IPack<P> shift_right_logical(const IPack<P>& x, int n) {
   return out;
 }
 
-// One function per target, calling its body name##_lanes<P> (always inlined, so compiled
-// for that target) with the target's width P: function multiversioning with the targets
-// and priorities of STRUCTATTN_CLONES (_kernels.h); one width for a one-target build.
-#ifdef STRUCTATTN_HAS_CLONES
-#define STRUCTATTN_PER_TARGET(name, params, args)                                          \
-  __attribute__((target("arch=x86-64-v4"))) void name params { name##_lanes<8> args; } \
-  __attribute__((target("arch=x86-64-v3"))) void name params { name##_lanes<4> args; } \
-  __attribute__((target("default"))) void name params { name##_lanes<2> args; }
-#else
-#if defined(__AVX512F__)
-constexpr int kNativeWidth = 8;
-#elif defined(__AVX__)
-constexpr int kNativeWidth = 4;
-#else
-constexpr int kNativeWidth = 2;
-#endif
-#define STRUCTATTN_PER_TARGET(name, params, args) \
-  void name params { name##_lanes<kNativeWidth> args; }
-#endif
+// (STRUCTATTN_PER_TARGET, _kernels.h: one function per target with its width P)
 
 // exp(x) for x <= 0 (-inf and x < -708, where the result would be below 1e-307, give 0): a
 // Cody-Waite reduction x = n log 2 + r, |r| <= log(2) / 2, and the Taylor polynomial of

@@ -26,7 +26,30 @@
 #define STRUCTATTN_CLONES
 #endif
 
+// One function per target, calling its body name##_lanes<P> (always inlined, so compiled
+// for that target) with the target's vector width P in doubles (8 on x86-64-v4, 4 on
+// x86-64-v3, 2 on baseline x86-64): function multiversioning with the targets and
+// priorities of STRUCTATTN_CLONES; one width for a one-target build (its -march). Used by
+// the fused Eisner loops (_eisner.cpp) and the Gauss-Jordan inversion (_matrix_tree.cpp).
+#ifdef STRUCTATTN_HAS_CLONES
+#define STRUCTATTN_PER_TARGET(name, params, args)                                          \
+  __attribute__((target("arch=x86-64-v4"))) void name params { name##_lanes<8> args; } \
+  __attribute__((target("arch=x86-64-v3"))) void name params { name##_lanes<4> args; } \
+  __attribute__((target("default"))) void name params { name##_lanes<2> args; }
+#else
+#define STRUCTATTN_PER_TARGET(name, params, args) \
+  void name params { name##_lanes<::structattn::kNativeWidth> args; }
+#endif
+
 namespace structattn {
+
+#if defined(__AVX512F__)
+constexpr int kNativeWidth = 8;  // a one-target build's width (STRUCTATTN_PER_TARGET)
+#elif defined(__AVX__)
+constexpr int kNativeWidth = 4;
+#else
+constexpr int kNativeWidth = 2;
+#endif
 
 // Below this much work (``work`` of chunk_starts: about the multiply-adds of the batch) the
 // batch runs as one chunk: waking a second thread and joining the chunks' outputs cost more

@@ -112,33 +112,9 @@ __attribute__((always_inline)) inline void gauss_jordan_lanes(Lanes* a, int64_t 
   }
 }
 
-// gauss_jordan_lanes with the width of the target the CPU runs (function multiversioning
-// with the targets of STRUCTATTN_CLONES, _kernels.h), or of a one-target build's -march
-#ifdef STRUCTATTN_HAS_CLONES
-__attribute__((target("arch=x86-64-v4"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
-                                                            int64_t* swaps) {
-  gauss_jordan_lanes<8>(a, n, logdet, swaps);
-}
-__attribute__((target("arch=x86-64-v3"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
-                                                            int64_t* swaps) {
-  gauss_jordan_lanes<4>(a, n, logdet, swaps);
-}
-__attribute__((target("default"))) void gauss_jordan(Lanes* a, int64_t n, double* logdet,
-                                                     int64_t* swaps) {
-  gauss_jordan_lanes<2>(a, n, logdet, swaps);
-}
-#else
-#if defined(__AVX512F__)
-constexpr int kGaussJordanWidth = 8;
-#elif defined(__AVX__)
-constexpr int kGaussJordanWidth = 4;
-#else
-constexpr int kGaussJordanWidth = 2;
-#endif
-void gauss_jordan(Lanes* a, int64_t n, double* logdet, int64_t* swaps) {
-  gauss_jordan_lanes<kGaussJordanWidth>(a, n, logdet, swaps);
-}
-#endif
+// gauss_jordan_lanes with the width of the target the CPU runs (_kernels.h)
+STRUCTATTN_PER_TARGET(gauss_jordan, (Lanes * a, int64_t n, double* logdet, int64_t* swaps),
+                      (a, n, logdet, swaps))
 
 // The Laplacians of ``weights`` [B, N, n] (as in _laplacian of nonprojective.py; ``padding``
 // [B, n] or nullptr: 1 at padding words), inverted kLanes at a time (the last group padded
